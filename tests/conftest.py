@@ -1,0 +1,67 @@
+"""Shared helpers: attention backends are exercised through the same host call the blocks use."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from vitzoo.attention import MixerContext, build_attention, list_attention
+from vitzoo.layers.window import windowed_call
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+CIFAR_ROOT = Path(os.environ.get("VITZOO_CIFAR10", ROOT.parent / "shared" / "data" / "cifar10"))
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def attention_yaml(name: str) -> dict:
+    """The options of ``configs/attention/<name>.yaml`` (what ``attention=<name>`` composes)."""
+    return yaml.safe_load((CONFIGS / "attention" / f"{name}.yaml").read_text())
+
+
+class Host(nn.Module):
+    """Calls a mixer the way :class:`vitzoo.layers.block.Block` does (windows for windowed mixers).
+
+    Args:
+        attn: the mixer.
+        grid: token grid.
+        shift: cyclic shift for windowed mixers.
+        reference: call ``attn.reference`` instead of ``attn.forward``.
+    """
+
+    def __init__(self, attn: nn.Module, grid, shift: int = 0, reference: bool = False):
+        super().__init__()
+        self.attn, self.grid, self.shift, self.reference = attn, tuple(grid), shift, reference
+
+    def forward(self, x):
+        if self.attn.windowed:
+            target = _Reference(self.attn) if self.reference else self.attn
+            return windowed_call(target, x, self.grid, self.shift)
+        return (self.attn.reference if self.reference else self.attn)(x, self.grid)
+
+
+class _Reference:
+    def __init__(self, attn):
+        self.attn = attn
+        self.window_size, self.num_prefix = attn.window_size, attn.num_prefix
+
+    def __call__(self, x, grid, mask=None):
+        return self.attn.reference(x, grid, mask=mask)
+
+
+def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4, **overrides):
+    spec = {**attention_yaml(name), **overrides}
+    return build_attention(spec, MixerContext(dim, heads, tuple(grid), num_prefix, window=4))
+
+
+ATTENTION_NAMES = list_attention()
+
+
+@pytest.fixture(params=ATTENTION_NAMES)
+def attention_name(request):
+    return request.param

@@ -1,0 +1,86 @@
+"""Tests generated from the attention registry: every backend, several grids, with/without class token."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ATTENTION_NAMES, CONFIGS, Host, make_attention
+from vitzoo.attention import ConfigError, attention_config, list_attention
+from vitzoo.flops import flop_analysis
+
+# (grid, prefix tokens): square with a class token, the smallest Swin stage, and a non-square grid
+CASES = [((8, 8), 1), ((4, 4), 0), ((6, 10), 0)]
+
+
+def host_for(attn, grid, shifted=False, reference=False):
+    shift = attn.shift_size(grid) if (attn.windowed and shifted) else 0
+    return Host(attn, grid, shift=shift, reference=reference)
+
+
+def test_every_backend_has_a_config_file():
+    files = {p.stem for p in (CONFIGS / "attention").glob("*.yaml")}
+    assert set(list_attention()) <= files
+
+
+@pytest.mark.parametrize("grid,prefix", CASES)
+def test_shape_and_gradients(attention_name, grid, prefix):
+    torch.manual_seed(0)
+    attn = make_attention(attention_name, grid, prefix)
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32, requires_grad=True)
+    y = host_for(attn, grid, shifted=True)(x)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    y.square().sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    for n, p in attn.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and torch.isfinite(p.grad).all(), f"no gradient reaches {n}"
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize("grid,prefix", CASES)
+def test_matches_reference(attention_name, grid, prefix, shifted):
+    torch.manual_seed(0)
+    attn = make_attention(attention_name, grid, prefix).double().eval()
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64)
+    with torch.no_grad():
+        fast = host_for(attn, grid, shifted)(x)
+        ref = host_for(attn, grid, shifted, reference=True)(x)
+    torch.testing.assert_close(fast, ref, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("grid,prefix", CASES)
+def test_flops_measured_equals_analytic(attention_name, grid, prefix):
+    attn = make_attention(attention_name, grid, prefix).eval()
+    host = host_for(attn, grid, shifted=True)
+    x = torch.zeros(1, prefix + grid[0] * grid[1], 32)
+    with torch.no_grad():
+        measured = flop_analysis(host, (x,)).by_module()["attn"]
+    assert measured == attn.flops(grid)
+
+
+def test_eval_is_deterministic(attention_name):
+    attn = make_attention(attention_name).eval()
+    x = torch.randn(2, 65, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(host_for(attn, (8, 8))(x), host_for(attn, (8, 8))(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).linear_cost])
+def test_linear_cost_measured_grows_linearly(name):
+    """16x16 -> 64x64 is 16x the tokens: a linear backend's measured FLOPs grow 16x, not ~256x."""
+    measured = {}
+    for side in (16, 64):
+        attn = make_attention(name, (side, side), 0).eval()
+        x = torch.zeros(1, side * side, 32)
+        with torch.no_grad():
+            measured[side] = flop_analysis(host_for(attn, (side, side)), (x,)).by_module()["attn"]
+    assert measured[64] <= 16 * measured[16] * 1.05, measured
+
+
+def test_unknown_backend_and_options_are_errors():
+    with pytest.raises(ConfigError, match="unknown attention 'nope'.*global"):
+        attention_config("nope")
+    with pytest.raises(ConfigError, match="unknown option attention.bogus"):
+        attention_config({"name": "global", "bogus": 1})
+    with pytest.raises(ConfigError, match="attention.window_size must be a positive integer"):
+        attention_config({"name": "window", "window_size": 0})

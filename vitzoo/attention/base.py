@@ -1,0 +1,204 @@
+"""The token-mixer interface every attention backend implements.
+
+Contract (one interface for every mixer):
+
+* ``forward(x, grid)``: ``x[B, N, C]`` in, ``[B, N, C]`` out, ``N = P + H*W`` where ``P`` is the
+  number of prefix tokens (ViT's class token) fixed at construction and ``grid = (H, W)``.
+  Prefix tokens come first. Windowed mixers (``windowed = True``, only ``window``) are called by
+  the host block on window tokens instead: see :mod:`vitzoo.layers.window`.
+* ``flops(grid)``: analytic multiply-adds for ONE image at token grid ``grid`` (fvcore's and the
+  Swin paper's convention: a fused multiply-add counts 1; softmax, scaling, bias and mask adds,
+  activations and reductions count 0). Each matmul is commented where it is counted.
+* ``formula``: the cost as text, e.g. ``"4NC² + 2N²C"``, shown next to the numbers.
+* ``reference(x, grid)``: a plain, slow implementation of the same maths (explicit
+  ``softmax(QKᵀ/√d)V`` with the pattern's mask for sparse backends) that tests compare against.
+
+Capability flags are class attributes checked when the model is built:
+
+* ``windowed``: the host partitions the grid into windows and passes an additive mask.
+* ``fixed_length``: parameters depend on the sequence length fixed at construction.
+* ``takes_bias``: ``forward`` accepts an additive attention bias/mask.
+* ``linear_cost``: cost grows linearly with N at fixed options (sparse, windowed, linear backends).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitzoo.registry import ConfigError
+
+Grid = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class MixerContext:
+    """What the host block tells a token mixer when it is built.
+
+    Args:
+        dim: channels C.
+        num_heads: attention heads h (C must be divisible by h).
+        grid: token grid (H, W) the layer is built for.
+        num_prefix: prefix tokens P in front of the grid tokens (ViT class token: 1; Swin: 0).
+        qkv_bias: bias in the q/k/v projection.
+        attn_drop: dropout on attention weights (where a backend has them).
+        proj_drop: dropout after the output projection.
+        layer_index: index of the block in the network (seeds per-layer random patterns).
+        window: the backbone's natural window side (Swin-T: 7); backends whose window/block option
+            is ``None`` use it.
+    """
+
+    dim: int
+    num_heads: int
+    grid: Grid
+    num_prefix: int = 0
+    qkv_bias: bool = True
+    attn_drop: float = 0.0
+    proj_drop: float = 0.0
+    layer_index: int = 0
+    window: int = 7
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise a one-line :class:`ConfigError` when ``condition`` is false."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def check_positive(cfg: Any, *names: str) -> None:
+    """Every ``attention.<name>`` listed must be a positive integer."""
+    for name in names:
+        value = getattr(cfg, name)
+        check(isinstance(value, int) and value > 0, f"attention.{name} must be a positive integer (got {value!r})")
+
+
+class TokenMixer(nn.Module):
+    """Base class of every registered token mixer (see the module docstring for the contract).
+
+    Args:
+        cfg: the backend's config dataclass (validated by its ``__post_init__``).
+        ctx: the host's :class:`MixerContext`.
+    """
+
+    formula: ClassVar[str] = ""
+    windowed: ClassVar[bool] = False
+    fixed_length: ClassVar[bool] = False
+    takes_bias: ClassVar[bool] = False
+    linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
+    registry_name: ClassVar[str]
+
+    def __init__(self, cfg: Any, ctx: MixerContext):
+        super().__init__()
+        check(ctx.dim % ctx.num_heads == 0,
+              f"model.embed_dim ({ctx.dim}) must be divisible by model.num_heads ({ctx.num_heads})")
+        self.cfg = cfg
+        self.dim = ctx.dim
+        self.num_heads = ctx.num_heads
+        self.head_dim = ctx.dim // ctx.num_heads
+        self.scale = self.head_dim ** -0.5
+        self.grid: Grid = tuple(ctx.grid)
+        self.num_prefix = ctx.num_prefix
+        self.layer_index = ctx.layer_index
+
+    def seq_len(self, grid: Optional[Grid] = None) -> int:
+        """N = P + H*W at ``grid`` (default: the construction grid)."""
+        h, w = grid or self.grid
+        return self.num_prefix + h * w
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def flops(self, grid: Optional[Grid] = None) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        """Values of the symbols used in :attr:`formula` (N, C, h, ... ) at ``grid``."""
+        return {"N": self.seq_len(grid), "C": self.dim, "h": self.num_heads}
+
+    def extra_repr(self) -> str:
+        return f"{self.registry_name}, dim={self.dim}, heads={self.num_heads}, grid={self.grid}, prefix={self.num_prefix}"
+
+
+class QKVAttention(TokenMixer):
+    """Base for backends with the standard fused q/k/v projection and an output projection.
+
+    Subclasses implement :meth:`attend` (``q, k, v[B, h, N, d] -> [B, h, N, d]``), its analytic
+    cost :meth:`attend_flops` and its plain version :meth:`reference_attend`.
+    """
+
+    def __init__(self, cfg: Any, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.qkv = nn.Linear(ctx.dim, 3 * ctx.dim, bias=ctx.qkv_bias)
+        self.attn_drop = nn.Dropout(ctx.attn_drop)
+        self.proj = nn.Linear(ctx.dim, ctx.dim)
+        self.proj_drop = nn.Dropout(ctx.proj_drop)
+
+    def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x[B, N, C] -> q, k, v`` each ``[B, h, N, d]``."""
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, h, d]
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, h, N, d]
+
+    def merge_heads(self, o: Tensor) -> Tensor:
+        """``o[B, h, N, d] -> [B, N, C]`` followed by the output projection."""
+        B, _, N, _ = o.shape
+        o = o.transpose(1, 2).reshape(B, N, self.dim)  # [B, N, C]
+        return self.proj_drop(self.proj(o))
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        q, k, v = self.split_heads(x)
+        return self.merge_heads(self.attend(q, k, v, grid))
+
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:
+        q, k, v = self.split_heads(x)
+        return self.merge_heads(self.reference_attend(q, k, v, grid))
+
+    def projection_flops(self, n: int) -> int:
+        """q/k/v projection ``3nC²`` plus output projection ``nC²``."""
+        return 3 * n * self.dim * self.dim + n * self.dim * self.dim
+
+    def flops(self, grid: Optional[Grid] = None) -> int:
+        return self.projection_flops(self.seq_len(grid)) + self.attend_flops(grid or self.grid)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def attend_flops(self, grid: Grid) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor] = None,
+                    bias: Optional[Tensor] = None) -> Tensor:
+    """Plain ``softmax(QKᵀ/√d + bias)V`` for references and tests (materialises N×N on purpose).
+
+    Args:
+        q: ``[..., Nq, d]``; k, v: ``[..., Nk, d]``.
+        allowed: boolean ``[..., Nq, Nk]`` (broadcastable), True where a query may attend.
+        bias: additive ``[..., Nq, Nk]`` (broadcastable).
+    """
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [..., Nq, Nk]
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
+def sdpa_flops(batch: int, heads: int, nq: int, nk: int, d: int, dv: Optional[int] = None) -> int:
+    """MACs of ``softmax(QKᵀ)V``: ``QKᵀ`` is nq·nk·d, ``AV`` is nq·nk·dv, per batch and head."""
+    return batch * heads * nq * nk * (d + (dv if dv is not None else d))
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0) -> Tensor:
+    """``F.scaled_dot_product_attention`` (fused kernels); vitzoo's fvcore handle counts it."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)

@@ -1,0 +1,55 @@
+"""The pre-norm transformer block shared by ViT and Swin: ``x + mix(norm(x))``, ``x + mlp(norm(x))``."""
+from __future__ import annotations
+
+from typing import Any
+
+from timm.layers import DropPath, Mlp
+from torch import Tensor, nn
+
+from vitzoo.attention import MixerContext, build_attention
+from vitzoo.layers.window import windowed_call
+
+Grid = tuple[int, int]
+
+
+def layernorm_flops(numel: int) -> int:
+    """fvcore's count for an affine LayerNorm: 5 per element (mean, var, normalise, scale, shift)."""
+    return 5 * numel
+
+
+class Block(nn.Module):
+    """Norm → token mixer (from the registry by name) → residual; norm → MLP → residual.
+
+    Args:
+        attention: attention spec (``"global"`` or ``{"name": ..., **options}``).
+        ctx: dims, heads, grid, prefix tokens and layer index for the mixer.
+        mlp_ratio: hidden width of the MLP relative to C.
+        shifted: this block uses shifted windows when the mixer is windowed (Swin's odd blocks).
+        drop: dropout in the MLP; drop_path: stochastic depth rate.
+    """
+
+    def __init__(self, attention: Any, ctx: MixerContext, mlp_ratio: float = 4.0, shifted: bool = False,
+                 drop: float = 0.0, drop_path: float = 0.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(ctx.dim)
+        self.attn = build_attention(attention, ctx)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(ctx.dim)
+        self.mlp = Mlp(ctx.dim, int(ctx.dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
+        self.shifted = shifted
+
+    def mix(self, x: Tensor, grid: Grid) -> Tensor:
+        if not self.attn.windowed:
+            return self.attn(x, grid)
+        shift = self.attn.shift_size(grid) if self.shifted else 0
+        return windowed_call(self.attn, x, grid, shift)
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        x = x + self.drop_path(self.mix(self.norm1(x), grid))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+    def flops(self, grid: Grid) -> int:
+        n = self.attn.seq_len(grid)
+        mlp = n * self.mlp.fc1.in_features * self.mlp.fc1.out_features  # fc1: N·C·hidden
+        mlp += n * self.mlp.fc2.in_features * self.mlp.fc2.out_features  # fc2: N·hidden·C
+        return 2 * layernorm_flops(n * self.attn.dim) + self.attn.flops(grid) + mlp

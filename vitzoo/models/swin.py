@@ -1,0 +1,160 @@
+"""Swin Transformer with a token mixer chosen by name.
+
+Paper: Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shifted Windows",
+ICCV 2021, https://arxiv.org/abs/2103.14030.
+
+With ``attention=window`` this is Swin (W-MSA / SW-MSA alternating). With any other backend each
+stage's blocks apply that backend to all tokens of the stage (no windows): a hierarchical
+backbone with, e.g., Performer or Linformer attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from timm.layers import PatchEmbed
+from torch import Tensor, nn
+
+from vitzoo.attention import MixerContext
+from vitzoo.attention.base import check
+from vitzoo.layers.block import Block, layernorm_flops
+from vitzoo.models.vit import init_weights
+
+
+@dataclass
+class SwinConfig:
+    img_size: int = 224  # input side in pixels
+    patch_size: int = 4  # patch partition side; img_size must be a multiple
+    in_chans: int = 3  # input channels
+    num_classes: int = 1000  # classifier outputs
+    embed_dim: int = 96  # channels C of stage 1 (doubles every stage)
+    depths: list[int] = field(default_factory=lambda: [2, 2, 6, 2])  # blocks per stage
+    num_heads: list[int] = field(default_factory=lambda: [3, 6, 12, 24])  # heads per stage
+    window_size: int = 7  # natural window side M (used by attention=window unless it sets its own)
+    mlp_ratio: float = 4.0  # MLP hidden width / C
+    qkv_bias: bool = True  # bias in the q/k/v projection
+    drop_rate: float = 0.0  # dropout in MLP and before the head
+    attn_drop_rate: float = 0.0  # dropout on attention weights
+    drop_path_rate: float = 0.2  # stochastic depth, linearly increasing over all blocks
+
+    def __post_init__(self):
+        self.depths, self.num_heads = list(self.depths), list(self.num_heads)
+        check(self.img_size % self.patch_size == 0,
+              f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
+        check(len(self.depths) == len(self.num_heads),
+              f"model.depths ({len(self.depths)} stages) and model.num_heads ({len(self.num_heads)}) must have the same length")
+        for i, h in enumerate(self.num_heads):
+            check((self.embed_dim * 2 ** i) % h == 0,
+                  f"model.num_heads[{i}]={h} must divide stage {i} channels {self.embed_dim * 2 ** i} (model.embed_dim·2^{i})")
+
+
+class PatchMerging(nn.Module):
+    """2×2 neighbouring tokens concatenated (4C), normalised and projected to 2C; odd grids are padded."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * dim)
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+
+    @staticmethod
+    def out_grid(grid: tuple[int, int]) -> tuple[int, int]:
+        return (grid[0] + 1) // 2, (grid[1] + 1) // 2
+
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        B, _, C = x.shape
+        H, W = grid
+        x = F.pad(x.view(B, H, W, C), (0, 0, 0, W % 2, 0, H % 2))  # [B, H', W', C] even sides
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)  # [B, H/2, W/2, 4C]
+        return self.reduction(self.norm(x.flatten(1, 2)))  # [B, H/2·W/2, 2C]
+
+    def flops(self, grid: tuple[int, int]) -> int:
+        h, w = self.out_grid(grid)
+        c4 = self.reduction.in_features
+        return layernorm_flops(h * w * c4) + h * w * c4 * self.reduction.out_features  # norm + linear 4C->2C
+
+
+class SwinStage(nn.Module):
+    """Blocks at one resolution (odd blocks shifted when windowed), then optional patch merging."""
+
+    def __init__(self, attention: Any, dim: int, depth: int, num_heads: int, grid: tuple[int, int],
+                 cfg: SwinConfig, drop_path: list[float], first_layer: int, downsample: bool):
+        super().__init__()
+        self.grid = grid
+        self.blocks = nn.ModuleList([
+            Block(attention, MixerContext(dim, num_heads, grid, 0, cfg.qkv_bias, cfg.attn_drop_rate,
+                                          cfg.drop_rate, first_layer + i, cfg.window_size),
+                  cfg.mlp_ratio, shifted=i % 2 == 1, drop=cfg.drop_rate, drop_path=drop_path[i])
+            for i in range(depth)
+        ])
+        self.downsample = PatchMerging(dim) if downsample else None
+
+    def forward(self, x: Tensor, grid: tuple[int, int]) -> tuple[Tensor, tuple[int, int]]:
+        for blk in self.blocks:
+            x = blk(x, grid)
+        if self.downsample is None:
+            return x, grid
+        return self.downsample(x, grid), PatchMerging.out_grid(grid)
+
+    def flops(self, grid: tuple[int, int]) -> int:
+        total = sum(blk.flops(grid) for blk in self.blocks)
+        return total + (self.downsample.flops(grid) if self.downsample is not None else 0)
+
+
+class SwinTransformer(nn.Module):
+    """Hierarchical backbone: patch partition, stages with patch merging, norm, mean pool, head.
+
+    Args:
+        cfg: architecture (:class:`SwinConfig`).
+        attention: attention spec used in every block of every stage.
+    """
+
+    def __init__(self, cfg: SwinConfig, attention: Any = "window"):
+        super().__init__()
+        self.cfg = cfg
+        self.num_prefix = 0
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim,
+                                      norm_layer=nn.LayerNorm, strict_img_size=False)
+        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths)).tolist()
+        grid, stages = tuple(self.patch_embed.grid_size), []
+        for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.num_heads)):
+            first = sum(cfg.depths[:i])
+            last = i == len(cfg.depths) - 1
+            stages.append(SwinStage(attention, cfg.embed_dim * 2 ** i, depth, heads, grid, cfg,
+                                    dpr[first:first + depth], first, downsample=not last))
+            grid = grid if last else PatchMerging.out_grid(grid)
+        self.stages = nn.ModuleList(stages)
+        self.num_features = cfg.embed_dim * 2 ** (len(cfg.depths) - 1)
+        self.norm = nn.LayerNorm(self.num_features)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(self.num_features, cfg.num_classes)
+        init_weights(self)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """``x[B, 3, H, W] -> tokens[B, h·w, C_last]`` after the final norm."""
+        p = self.cfg.patch_size
+        grid = (x.shape[-2] // p, x.shape[-1] // p)
+        x = self.patch_embed(x)  # [B, h·w, C]
+        for stage in self.stages:
+            x, grid = stage(x, grid)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        return self.head(self.head_drop(x.mean(dim=1)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def flops(self, img_size: Optional[int] = None) -> int:
+        """Analytic MACs for one image (fvcore conventions: LayerNorm 5/elem, pooling 0)."""
+        s = img_size or self.cfg.img_size
+        grid = (s // self.cfg.patch_size, s // self.cfg.patch_size)
+        C = self.cfg.embed_dim
+        total = grid[0] * grid[1] * C * (self.cfg.in_chans * self.cfg.patch_size ** 2)  # patch conv
+        total += layernorm_flops(grid[0] * grid[1] * C)  # patch norm
+        for stage in self.stages:
+            total += stage.flops(grid)
+            grid = grid if stage.downsample is None else PatchMerging.out_grid(grid)
+        total += layernorm_flops(grid[0] * grid[1] * self.num_features)  # final norm
+        return total + self.num_features * self.cfg.num_classes  # head

@@ -1,0 +1,132 @@
+"""Vision Transformer, DeiT-style, with a token mixer chosen by name.
+
+Papers: Dosovitskiy et al., "An Image is Worth 16x16 Words", https://arxiv.org/abs/2010.11929;
+Touvron et al., "Training data-efficient image transformers" (DeiT), https://arxiv.org/abs/2012.12877.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
+from torch import Tensor, nn
+
+from vitzoo.attention import MixerContext
+from vitzoo.attention.base import check
+from vitzoo.layers.block import Block, layernorm_flops
+
+
+@dataclass
+class ViTConfig:
+    img_size: int = 224  # input side in pixels
+    patch_size: int = 16  # patch side; img_size must be a multiple
+    in_chans: int = 3  # input channels
+    num_classes: int = 1000  # classifier outputs
+    embed_dim: int = 192  # channels C
+    depth: int = 12  # number of blocks
+    num_heads: int = 3  # attention heads; embed_dim must be a multiple
+    mlp_ratio: float = 4.0  # MLP hidden width / C
+    qkv_bias: bool = True  # bias in the q/k/v projection
+    class_token: bool = True  # prepend a class token (a prefix token every backend handles)
+    global_pool: str = "token"  # "token" (class token) or "avg" (mean of grid tokens)
+    window_size: int = 7  # natural window side for windowed backends that leave theirs null
+    drop_rate: float = 0.0  # dropout in MLP and before the head
+    attn_drop_rate: float = 0.0  # dropout on attention weights
+    drop_path_rate: float = 0.1  # stochastic depth, linearly increasing over blocks
+
+    def __post_init__(self):
+        check(self.img_size % self.patch_size == 0,
+              f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
+        check(self.embed_dim % self.num_heads == 0,
+              f"model.embed_dim ({self.embed_dim}) must be divisible by model.num_heads ({self.num_heads})")
+        check(self.global_pool in ("token", "avg"), f"model.global_pool must be 'token' or 'avg' (got {self.global_pool!r})")
+        check(self.class_token or self.global_pool == "avg", "model.global_pool='token' needs model.class_token=true")
+
+
+class VisionTransformer(nn.Module):
+    """ViT with a registry-selected token mixer in every block.
+
+    Args:
+        cfg: architecture (:class:`ViTConfig`).
+        attention: attention spec, ``"global"`` or ``{"name": ..., **options}``.
+    """
+
+    def __init__(self, cfg: ViTConfig, attention: Any = "global"):
+        super().__init__()
+        self.cfg = cfg
+        C = cfg.embed_dim
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, strict_img_size=False)
+        self.grid = tuple(self.patch_embed.grid_size)
+        self.num_prefix = int(cfg.class_token)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.grid[0] * self.grid[1], C))
+        self.pos_drop = nn.Dropout(cfg.drop_rate)
+        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
+        self.blocks = nn.ModuleList([
+            Block(attention, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
+                                          cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size),
+                  cfg.mlp_ratio, shifted=i % 2 == 1, drop=cfg.drop_rate, drop_path=dpr[i])
+            for i in range(cfg.depth)
+        ])
+        self.norm = nn.LayerNorm(C)
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(C, cfg.num_classes)
+        trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        init_weights(self)
+
+    def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
+        p = self.cfg.patch_size
+        return img_hw[0] // p, img_hw[1] // p
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """``x[B, 3, H, W] -> tokens[B, P + H/p·W/p, C]`` after the final norm."""
+        grid = self.token_grid(x.shape[-2:])
+        x = self.patch_embed(x)  # [B, h·w, C]
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # [B, 1 + h·w, C]
+        pos = self.pos_embed
+        if grid != self.grid:
+            pos = resample_abs_pos_embed(pos, list(grid), list(self.grid), num_prefix_tokens=self.num_prefix)
+        x = self.pos_drop(x + pos)
+        for blk in self.blocks:
+            x = blk(x, grid)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        x = x[:, 0] if self.cfg.global_pool == "token" else x[:, self.num_prefix:].mean(dim=1)
+        return self.head(self.head_drop(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def flops(self, img_size: Optional[int] = None) -> int:
+        """Analytic MACs for one image (fvcore conventions: LayerNorm 5/elem, pooling 0)."""
+        s = img_size or self.cfg.img_size
+        grid = self.token_grid((s, s))
+        C, n_grid = self.cfg.embed_dim, grid[0] * grid[1]
+        n = self.num_prefix + n_grid
+        total = n_grid * C * self.cfg.in_chans * self.cfg.patch_size ** 2  # patch conv: per token C·3·p²
+        total += sum(blk.flops(grid) for blk in self.blocks)
+        total += layernorm_flops(n * C)  # final norm
+        return total + C * self.cfg.num_classes  # head
+
+
+def init_weights(model: nn.Module) -> None:
+    """timm/DeiT init for Linear and LayerNorm, then each mixer's own ``init_weights()`` if it has one."""
+    model.apply(_init_weights)
+    for m in model.modules():
+        if m is not model and hasattr(m, "init_weights"):
+            m.init_weights()
+
+
+def _init_weights(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
