@@ -50,10 +50,21 @@ def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
 HANDLES = {"aten::scaled_dot_product_attention": sdpa_flop_jit}
 
 
+def all_handles() -> dict[str, Any]:
+    """vitzoo's handles plus those declared by backends (``TokenMixer.flop_handles``)."""
+    from vitzoo.attention import ATTENTION, list_attention
+
+    handles = dict(HANDLES)
+    for name in list_attention():
+        handles.update(ATTENTION.get(name)[0].flop_handles)
+    return handles
+
+
 def flop_analysis(model: nn.Module, inputs: tuple) -> FlopCountAnalysis:
     """fvcore's analysis with vitzoo's handles; quiet about ops in :data:`IGNORED_OPS`."""
-    analysis = FlopCountAnalysis(model, inputs).set_op_handle(**HANDLES)
+    analysis = FlopCountAnalysis(model, inputs)
     analysis.set_op_handle(**{op: None for op in IGNORED_OPS})
+    analysis.set_op_handle(**all_handles())
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
     return analysis
 

@@ -89,6 +89,7 @@ class TokenMixer(nn.Module):
     fixed_length: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
+    flop_handles: ClassVar[dict] = {}  # extra fvcore op handles this backend needs, e.g. {"aten::fft_fft2": fn}
     registry_name: ClassVar[str]
 
     def __init__(self, cfg: Any, ctx: MixerContext):
@@ -108,6 +109,14 @@ class TokenMixer(nn.Module):
         """N = P + H*W at ``grid`` (default: the construction grid)."""
         h, w = grid or self.grid
         return self.num_prefix + h * w
+
+    def check_grid(self, grid: Grid) -> None:
+        """Fixed-length mixers: a grid other than the construction grid needs ``interpolate: true``."""
+        if self.fixed_length and tuple(grid) != self.grid and not getattr(self.cfg, "interpolate", False):
+            raise ConfigError(
+                f"attention={self.registry_name} is built for a {self.grid[0]}x{self.grid[1]} token grid, got "
+                f"{grid[0]}x{grid[1]}; set attention.interpolate=true or keep model.img_size"
+            )
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -175,6 +184,21 @@ class QKVAttention(TokenMixer):
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:  # pragma: no cover
         raise NotImplementedError
+
+
+def resample_tokens(t: Tensor, src: Grid, dst: Grid, num_prefix: int, dim: int) -> Tensor:
+    """Resample axis ``dim`` of ``t`` (length ``P + src_H·src_W``) to ``P + dst_H·dst_W``.
+
+    Prefix entries are kept; grid entries are bilinearly interpolated as an image. Used by
+    fixed-length mixers with ``interpolate: true``.
+    """
+    if tuple(src) == tuple(dst):
+        return t
+    t = t.movedim(dim, -1)
+    lead = t.shape[:-1]
+    prefix, body = t[..., :num_prefix], t[..., num_prefix:].reshape(-1, 1, *src)  # [L, 1, H, W]
+    body = F.interpolate(body, size=tuple(dst), mode="bilinear", align_corners=False).reshape(*lead, -1)
+    return torch.cat([prefix, body], dim=-1).movedim(-1, dim)
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor] = None,
