@@ -76,23 +76,27 @@ class WindowAttention(QKVAttention):
         bias = bias.view(M2, M2, -1).permute(2, 0, 1)  # [h, M², M²]
         return F.pad(bias, (self.num_prefix, 0, self.num_prefix, 0))
 
-    def attn_bias(self, q: Tensor, mask: Optional[Tensor]) -> Tensor:
-        """Bias plus mask, shaped to broadcast over ``q[B·nW, h, T, d]``."""
+    def attend_windows(self, x: Tensor, mask: Optional[Tensor], attend) -> Tensor:
+        """Split heads, group windows per image and apply ``attend(q, k, v, bias)``.
+
+        With a mask, q/k/v are viewed as ``[B, nW, h, T, d]`` so the ``[nW, h, T, T]`` bias+mask
+        broadcasts over images instead of being copied B times.
+        """
+        q, k, v = self.split_heads(x)  # [B·nW, h, T, d]
         bias = self.position_bias().to(q.dtype)  # [h, T, T]
-        if mask is None:
-            return bias
-        nw = mask.shape[0]
-        return (bias[None] + mask[:, None]).repeat(q.shape[0] // nw, 1, 1, 1)  # [B·nW, h, T, T]
+        if mask is not None:
+            nw = mask.shape[0]
+            q, k, v = (t.view(-1, nw, *t.shape[1:]) for t in (q, k, v))  # [B, nW, h, T, d]
+            bias = bias[None] + mask[:, None]  # [nW, h, T, T]
+        return self.merge_heads(attend(q, k, v, bias).flatten(0, -4))  # [B·nW, h, T, d] -> [B·nW, T, C]
 
     def forward(self, x: Tensor, grid: Grid, mask: Optional[Tensor] = None) -> Tensor:
         """Args: x: window tokens ``[B·nW, P + M², C]``; grid: (M, M); mask: ``[nW, T, T]`` or None."""
-        q, k, v = self.split_heads(x)
-        out = sdpa(q, k, v, attn_mask=self.attn_bias(q, mask), dropout_p=self.attn_drop.p if self.training else 0.0)
-        return self.merge_heads(out)
+        p = self.attn_drop.p if self.training else 0.0
+        return self.attend_windows(x, mask, lambda q, k, v, b: sdpa(q, k, v, attn_mask=b, dropout_p=p))
 
     def reference(self, x: Tensor, grid: Grid, mask: Optional[Tensor] = None) -> Tensor:
-        q, k, v = self.split_heads(x)
-        return self.merge_heads(dense_attention(q, k, v, bias=self.attn_bias(q, mask)))
+        return self.attend_windows(x, mask, lambda q, k, v, b: dense_attention(q, k, v, bias=b))
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         """MACs for one image whose token grid is ``grid`` (partitioned into nW windows)."""

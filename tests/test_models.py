@@ -1,0 +1,86 @@
+"""Tests generated from the model registry: every variant builds, runs and reports honest FLOPs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitzoo
+from vitzoo.flops import count_flops
+from vitzoo.registry import ConfigError
+
+SMALL = ["vit_cifar", "swin_cifar"]
+# published GMACs (multiply-adds) at 224 px: DeiT-T/S/B (ViT-B/16), Swin-T/S/B
+PUBLISHED = {"vit_tiny": 1.26, "vit_small": 4.6, "vit_base": 17.6, "swin_tiny": 4.5, "swin_small": 8.7, "swin_base": 15.4}
+
+
+def default_attention(name: str) -> str:
+    return "window" if name.startswith("swin") else "global"
+
+
+@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("attention", ["global", "window"])
+def test_small_models_forward_backward(name, attention):
+    model = vitzoo.create_model(name, attention=attention, num_classes=7)
+    x = torch.randn(2, 3, 32, 32)
+    y = model(x)
+    assert y.shape == (2, 7)
+    y.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", vitzoo.list_models())
+def test_every_variant_builds_with_analytic_flops(name):
+    model = vitzoo.create_model(name, attention=default_attention(name))
+    assert model.flops() > 0 and sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_gmacs_within_2_percent(name):
+    model = vitzoo.create_model(name, attention=default_attention(name))
+    report = count_flops(model)
+    assert report.measured == report.analytic
+    assert abs(report.measured / 1e9 - PUBLISHED[name]) / PUBLISHED[name] < 0.02
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_window_padding_and_clamping_in_models(name):
+    """40 px: the grids (10x10 / 20x20 -> 10 -> 5) are not divisible by window 4 and get padded."""
+    model = vitzoo.create_model(name, attention="window", img_size=40).eval()
+    assert model(torch.randn(1, 3, 40, 40)).shape == (1, 10)
+    report = count_flops(model)
+    assert report.measured == report.analytic
+    assert all(a == m for _, a, m in report.attention.values())
+
+
+def test_window_without_padding_is_an_error():
+    with pytest.raises(ConfigError, match="attention.pad=true"):
+        vitzoo.create_model("vit_cifar", attention={"name": "window", "window_size": 3, "pad": False})
+
+
+def test_shifted_window_mask_blocks_cross_region_pairs():
+    """Shifted windows never let a token attend across the wrap-around seam of the roll."""
+    from vitzoo.layers.window import window_mask
+
+    mask = window_mask((8, 8), 4, 2, 0)  # [nW, 16, 16]
+    assert mask.shape == (4, 16, 16)
+    assert torch.isinf(mask[-1]).any() and not torch.isinf(mask[0]).any()
+
+
+@pytest.mark.parametrize("overrides,option", [
+    (dict(img_size=30), "model.img_size"),
+    (dict(embed_dim=100), "model.embed_dim"),
+    (dict(bogus=1), "model.bogus"),
+])
+def test_bad_model_options_name_the_option(overrides, option):
+    with pytest.raises(ConfigError, match=option.replace(".", r"\.")):
+        vitzoo.create_model("vit_cifar", **overrides)
+
+
+def test_unknown_model_lists_choices():
+    with pytest.raises(ConfigError, match="unknown model 'vit_huge'.*vit_cifar"):
+        vitzoo.create_model("vit_huge")
+
+
+def test_resolution_change_resamples_position_embedding():
+    model = vitzoo.create_model("vit_cifar", attention="global").eval()
+    assert model(torch.randn(1, 3, 48, 48)).shape == (1, 10)
