@@ -1,0 +1,176 @@
+"""Fixed sparse patterns (local, dilated, global_tokens, longformer, bigbird, multi_pattern).
+
+The generic registry tests (tests/test_attention.py) cover shapes, gradients, agreement with the
+dense masked reference, FLOPs and determinism; here: bad options, hand-checked index lists, grids
+other than the defaults (padding, a grid other than the construction grid), random-block storage,
+that no N×N tensor is built, linear FLOPs growth and the two CIFAR models.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import Host, attention_yaml, make_attention
+from vitzoo import create_model
+from vitzoo.attention import ConfigError, MixerContext, build_attention
+from vitzoo.attention._sparse import axis_index, fit_dilation, neighbourhood_index
+from vitzoo.flops import flop_analysis
+
+SPARSE = ["local", "dilated", "global_tokens", "longformer", "bigbird", "multi_pattern"]
+NO_GLOBAL_HEADS = {"patterns": [["local", None], ["dilated", 1]]}
+
+
+@pytest.mark.parametrize("name,options,message", [
+    ("local", {"kernel_size": 5}, r"attention.kernel_size=5 is larger than the 4x4 token grid"),
+    ("local", {"kernel_size": 4}, r"attention.kernel_size must be a positive odd integer"),
+    ("dilated", {"kernel_size": 7}, r"attention.kernel_size=7 is larger than the 4x4 token grid"),
+    ("dilated", {"dilation": 0}, r"attention.dilation must be a positive integer"),
+    ("global_tokens", {"num_global": -1}, r"attention.num_global must be a non-negative integer"),
+    ("global_tokens", {"num_global": 0}, r"attention.num_global=0 and the model has no class token"),
+    ("global_tokens", {"num_global": 17}, r"attention.num_global=17 exceeds the 16 tokens"),
+    ("global_tokens", {"kernel_size": 5}, r"attention.kernel_size=5 is larger"),
+    ("longformer", {"dilated_heads": 5}, r"attention.dilated_heads=5 exceeds the layer's 4 heads"),
+    ("longformer", {"num_global": 20}, r"attention.num_global=20 exceeds"),
+    ("bigbird", {"block_size": 5}, r"attention.block_size=5 is larger than the 4x4 token grid"),
+    ("bigbird", {"num_global_blocks": 4}, r"attention.num_global_blocks=4 leaves no sparse block"),
+    ("bigbird", {"num_random": 3}, r"attention.num_random=3 exceeds the 2 non-global other blocks"),
+    ("bigbird", {"window_blocks": 2}, r"attention.window_blocks must be a positive odd integer"),
+    ("multi_pattern", {"patterns": [["local", 2], ["global", 1]]},
+     r"attention.patterns assigns 3 heads but the layer has 4"),
+    ("multi_pattern", {"patterns": [["strided", None]]}, r"attention.patterns\[0\] must be \[pattern, heads\]"),
+    ("multi_pattern", {"patterns": [["local", None], ["global", None]]}, r"attention.patterns may leave heads null"),
+    ("multi_pattern", {"kernel_size": 5}, r"attention.kernel_size=5 is larger"),
+])
+def test_bad_options_are_one_line_config_errors(name, options, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        make_attention(name, (4, 4), 0, **options)
+    assert "\n" not in str(err.value)
+
+
+def test_axis_index_hand_checked():
+    idx, ok = axis_index(5, 3)  # NA: shifted at the border
+    assert idx.tolist() == [[0, 1, 2], [0, 1, 2], [1, 2, 3], [2, 3, 4], [2, 3, 4]] and bool(ok.all())
+    idx, _ = axis_index(7, 3, dilation=2)  # DiNAT: sub-lattices {0, 2, 4, 6} and {1, 3, 5}
+    assert idx.tolist() == [[0, 2, 4], [1, 3, 5], [0, 2, 4], [1, 3, 5], [2, 4, 6], [1, 3, 5], [2, 4, 6]]
+    idx, ok = axis_index(5, 3, border="mask")  # Longformer: centred, out-of-range keys invalid
+    assert ok[0].tolist() == [False, True, True] and ok[4].tolist() == [True, True, False]
+    assert idx[2].tolist() == [1, 2, 3]
+
+
+def test_neighbourhood_index_corner_and_centre():
+    keys, valid = neighbourhood_index((5, 5), (3, 3))
+    assert valid is None and keys.shape == (25, 9)
+    assert sorted(keys[0].tolist()) == [0, 1, 2, 5, 6, 7, 10, 11, 12]  # (0, 0): shifted to rows/cols 0..2
+    assert sorted(keys[12].tolist()) == [6, 7, 8, 11, 12, 13, 16, 17, 18]  # (2, 2): centred
+
+
+def test_dilation_shrinks_to_fit_the_grid():
+    assert fit_dilation(2, 3, (4, 4)) == (1, 1)
+    assert fit_dilation(2, 3, (6, 10)) == (2, 2)
+    assert fit_dilation(4, 3, (5, 9)) == (1, 3)
+
+
+def test_local_with_kernel_covering_the_grid_is_global_attention():
+    torch.manual_seed(0)
+    local = make_attention("local", (5, 5), 1, kernel_size=5).double().eval()
+    dense = make_attention("global", (5, 5), 1).double().eval()
+    dense.load_state_dict(local.state_dict())
+    x = torch.randn(2, 26, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(local(x, (5, 5)), dense(x, (5, 5)), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,options", [
+    ("bigbird", {}), ("bigbird", {"block_size": 3, "num_global_blocks": 2}), ("local", {"kernel_size": 5}),
+    ("longformer", {"kernel_size": 5, "dilated_heads": 2}), ("global_tokens", {"num_global": 3}),
+    ("multi_pattern", {"dilation": 3}),
+])
+@pytest.mark.parametrize("grid,prefix", [((5, 7), 1), ((7, 9), 0)])
+def test_odd_grids_match_reference_and_flops(name, options, grid, prefix):
+    """Grids the blocks do not divide (padding) and larger kernels/dilations than the defaults."""
+    torch.manual_seed(0)
+    attn = make_attention(name, grid, prefix, **options).double().eval()
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, grid), attn.reference(x, grid), rtol=1e-6, atol=1e-8)
+        measured = flop_analysis(Host(attn.float(), grid), (x[:1].float(),)).by_module()["attn"]
+    assert measured == attn.flops(grid)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_other_grid_than_construction(name):
+    """A layer built at 8x8 runs at 6x10 (its pattern is rebuilt for that grid)."""
+    torch.manual_seed(0)
+    attn = make_attention(name, (8, 8), 1).double().eval()
+    x = torch.randn(2, 61, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
+
+
+def test_bigbird_random_blocks_are_seeded_stored_and_reloaded():
+    a, b = make_attention("bigbird", (16, 16), 0), make_attention("bigbird", (16, 16), 0)  # both layer_index 0
+    assert torch.equal(a.random_blocks, b.random_blocks) and "random_blocks" in a.state_dict()
+    c = build_attention({"name": "bigbird"}, MixerContext(32, 4, (16, 16), 0, layer_index=3))
+    assert not torch.equal(a.random_blocks, c.random_blocks)
+    # 8x8 blocks of 2x2, block 0 global: 63 query blocks, each 2 random blocks outside its 3x3 window
+    assert a.pattern.groups[0].keys.shape == (63, (9 + 2) * 4)
+    window, _ = neighbourhood_index((8, 8), (3, 3))
+    for qb in range(1, 64):
+        picked = set(a.random_blocks[qb].tolist())
+        assert len(picked) == 2 and not picked & (set(window[qb].tolist()) | {0})
+    # loading another draw rebuilds the index buffers: fast path still equals the reference
+    a.load_state_dict(c.state_dict())
+    a.double().eval()
+    x = torch.randn(1, 256, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x, (16, 16)), a.reference(x, (16, 16)), rtol=1e-6, atol=1e-8)
+
+
+class _Shapes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.shapes.append((str(func), tuple(t.shape)))
+        return out
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_forward_builds_no_token_by_token_tensor(name):
+    """No op in forward or backward returns a tensor with two axes as long as the sequence (N×N)."""
+    options = NO_GLOBAL_HEADS if name == "multi_pattern" else {}
+    attn = make_attention(name, (32, 32), 1, **options)
+    x = torch.randn(1, 1025, 32, requires_grad=True)
+    with _Shapes() as rec:
+        attn(x, (32, 32)).sum().backward()
+    big = [(f, s) for f, s in rec.shapes if sum(n >= 512 for n in s) >= 2]
+    assert not big, big[:3]
+
+
+def test_multi_pattern_linear_cost_depends_on_global_heads():
+    assert not make_attention("multi_pattern", (16, 16), 0).linear_cost
+    measured = {}
+    for side in (16, 64):
+        attn = make_attention("multi_pattern", (side, side), 0, **NO_GLOBAL_HEADS).eval()
+        assert attn.linear_cost
+        with torch.no_grad():
+            x = torch.zeros(1, side * side, 32)
+            measured[side] = flop_analysis(Host(attn, (side, side)), (x,)).by_module()["attn"]
+    assert measured[64] <= 16 * measured[16] * 1.05, measured
+
+
+@pytest.mark.parametrize("model", ["vit_cifar", "swin_cifar"])
+@pytest.mark.parametrize("name", SPARSE)
+def test_builds_and_trains_in_cifar_models(name, model):
+    torch.manual_seed(0)
+    net = create_model(model, attention=attention_yaml(name))
+    assert name in repr(net)
+    out = net(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 10)
+    out.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None for p in net.parameters() if p.requires_grad)

@@ -1,0 +1,123 @@
+"""Shared pieces of the kernel (linearised) attention backends: ``linear``, ``efficient``,
+``performer`` and ``rfa``.
+
+Kernel attention replaces ``softmax(qᵀk)`` by a feature-map product ``φ(q)ᵀφ(k)``:
+
+    out_i = Σ_j φ(q_i)ᵀφ(k_j) v_j / Σ_j φ(q_i)ᵀφ(k_j) = φ(q_i)ᵀ(φ(K)ᵀV) / φ(q_i)ᵀ(φ(K)ᵀ1)
+
+:func:`kernel_attention` computes the right-hand side (linear in N, never N×N);
+:func:`kernel_attention_quadratic` the left-hand side (the explicit N×N kernel matrix) for references.
+
+Random features (performer, rfa) live in :class:`RandomFeatures`: a buffer drawn from a generator
+seeded by the layer index and a draw counter, redrawn every ``redraw_interval`` training steps and
+never in eval. The draw depends only on ``(layer_index, step // redraw_interval)``, so every
+data-parallel rank draws the same features and a checkpoint (which stores the step count)
+resumes the same sequence of draws.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[float] = None) -> Tensor:
+    """``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` in linear time.
+
+    Args:
+        phi_q, phi_k: features ``[B, h, N, m]``.
+        v: values ``[B, h, N, d]``.
+        eps: if given, the normaliser is clamped to at least ``eps`` (feature maps that can go negative).
+    """
+    kv = phi_k.transpose(-2, -1) @ v  # φ(K)ᵀV [B, h, m, d]: N·m·d per head
+    z = phi_k.sum(dim=-2).unsqueeze(-1)  # φ(K)ᵀ1 [B, h, m, 1]: a reduction, free
+    num = phi_q @ kv  # [B, h, N, d]: N·m·d per head
+    den = phi_q @ z  # [B, h, N, 1]: N·m per head
+    return num / _floor(den, eps)
+
+
+def kernel_attention_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[float] = None) -> Tensor:
+    """Reference: the explicit kernel matrix ``A = φ(Q)φ(K)ᵀ``, then ``AV / A1`` (materialises N×N).
+
+    Args: as :func:`kernel_attention`.
+    """
+    a = phi_q @ phi_k.transpose(-2, -1)  # [B, h, N, N], a_ij = φ(q_i)·φ(k_j)
+    return (a @ v) / _floor(a.sum(dim=-1, keepdim=True), eps)
+
+
+def kernel_attention_flops(heads: int, n: int, features: int, head_dim: int) -> int:
+    """MACs of :func:`kernel_attention` for one image: ``h·(2·N·m·d + N·m)``."""
+    kv = n * features * head_dim  # φ(K)ᵀV
+    num = n * features * head_dim  # φ(Q)·(φ(K)ᵀV)
+    den = n * features  # φ(Q)·(φ(K)ᵀ1)
+    return heads * (kv + num + den)
+
+
+def _floor(den: Tensor, eps: Optional[float]) -> Tensor:
+    return den if eps is None else den.clamp_min(eps)
+
+
+def orthogonal_gaussian(rows: int, dim: int, generator: torch.Generator) -> Tensor:
+    """``[rows, dim]`` random orthogonal features (Yu et al. 2016; Performer's ORF).
+
+    Rows come in blocks of ``dim`` mutually orthogonal directions (uniform on the sphere), each row
+    scaled by a χ(dim) length, so every row is marginally ``N(0, I_dim)``.
+    """
+    blocks = []
+    for _ in range(-(-rows // dim)):
+        q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator, dtype=torch.float64))
+        blocks.append((q * r.diagonal().sign()).T)  # Haar-distributed, rows orthonormal [dim, dim]
+    lengths = torch.randn(rows, dim, generator=generator, dtype=torch.float64).norm(dim=1, keepdim=True)  # [rows, 1]
+    return torch.cat(blocks)[:rows] * lengths
+
+
+class RandomFeatures(nn.Module):
+    """Random projection ``ω`` (``[*lead, m, d]``) kept in a buffer, redrawn during training.
+
+    Calling the module returns the current ``ω``. In training mode each call is one step: at steps
+    ``r, 2r, …`` (``r = redraw_interval``) a fresh ``ω`` is drawn before use. Eval never redraws.
+
+    Args:
+        lead: leading shape, e.g. ``()`` for one projection shared by all heads, ``(h,)`` for one per head.
+        num_features: rows m.
+        dim: columns d (the head dim).
+        seed: the layer index; draw ``i`` uses a generator seeded by ``(seed, i)``.
+        redraw_interval: training steps between draws; 0 keeps the first draw forever.
+    """
+
+    def __init__(self, lead: tuple[int, ...], num_features: int, dim: int, seed: int, redraw_interval: int):
+        super().__init__()
+        self.lead, self.num_features, self.dim = tuple(lead), num_features, dim
+        self.seed, self.redraw_interval = seed, redraw_interval
+        self.register_buffer("weight", self.draw(0).float())
+        # training steps seen: a buffer for checkpoints, mirrored in a Python int so that
+        # counting never waits on the GPU (re-read after load_state_dict)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self._steps = 0
+        self.register_load_state_dict_post_hook(_resync_steps)
+
+    def draw(self, index: int) -> Tensor:
+        """The ``index``-th draw of ``ω`` (float64, CPU), a pure function of ``(seed, index)``."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        mats = [orthogonal_gaussian(self.num_features, self.dim, gen) for _ in range(math.prod(self.lead))]
+        return torch.stack(mats).reshape(*self.lead, self.num_features, self.dim)  # [*lead, m, d]
+
+    def forward(self) -> Tensor:
+        if self.training and self.redraw_interval > 0:
+            if self._steps > 0 and self._steps % self.redraw_interval == 0:
+                with torch.no_grad():
+                    self.weight.copy_(self.draw(self._steps // self.redraw_interval))
+            self._steps += 1
+            self.steps.fill_(self._steps)
+        return self.weight
+
+    def extra_repr(self) -> str:
+        return (f"lead={self.lead}, num_features={self.num_features}, dim={self.dim}, "
+                f"redraw_interval={self.redraw_interval}, steps={self._steps}")
+
+
+def _resync_steps(module: RandomFeatures, incompatible_keys) -> None:
+    """After ``load_state_dict``: continue counting from the checkpoint's step."""
+    module._steps = int(module.steps)

@@ -1,0 +1,452 @@
+"""Shared machinery of the fixed sparse-pattern backends.
+
+Used by ``local``, ``dilated`` (:mod:`vitzoo.attention.local`), ``global_tokens``, ``longformer``,
+``bigbird`` and ``multi_pattern``. A pattern is fixed by the grid, so it is built once into index
+buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplies:
+
+* Grid queries come in Q groups of S tokens that share one list of K key tokens (neighbourhood
+  backends: every token is its own group, S = 1, K = k²; BigBird: a b×b block, S = b², K = the
+  attended blocks' tokens). Keys and values are gathered with ``index_select`` and scored by a
+  batched matmul: scores ``[B, h, Q, S, G + K]``, never ``[B, h, N, N]``.
+* G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
+  tokens and BigBird's global blocks.
+* Global queries (prefix tokens, tokens of BigBird's global blocks) attend to every key through
+  SDPA: ``P + G`` rows of length N, still linear in N.
+* Gathered keys that must not count (outside the grid under Longformer's border rule, padding
+  tokens, blocks already covered) are masked with ``-inf`` before the softmax; they are still
+  computed and counted in ``flops``.
+
+Learned global tokens are parameters of each layer: the host carries only ``P + H·W`` tokens from
+layer to layer, so a learned token's own output would be discarded. Only its key and value
+(``2gC²``) are computed; its query row, which would attend to every token, is not. The reference
+appends the learned tokens as ordinary tokens, runs the dense masked formula and drops their rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from torch import Tensor, nn
+
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, dense_attention, sdpa, sdpa_flops
+
+BORDERS = ("shift", "mask")
+
+
+# ----------------------------------------------------------------------------------------- checks
+def check_odd_kernel(cfg: Any, name: str = "kernel_size") -> None:
+    """``attention.<name>`` must be a positive odd integer (centred neighbourhoods)."""
+    value = getattr(cfg, name)
+    check(isinstance(value, int) and value > 0 and value % 2 == 1,
+          f"attention.{name} must be a positive odd integer (got {value!r})")
+
+
+def check_non_negative(cfg: Any, *names: str) -> None:
+    """Every ``attention.<name>`` listed must be an integer >= 0."""
+    for name in names:
+        value = getattr(cfg, name)
+        check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+              f"attention.{name} must be a non-negative integer (got {value!r})")
+
+
+def check_num_global(num_global: int, grid: Grid, name: str = "num_global") -> None:
+    """Learned global tokens: at most H·W of them (more would make the pattern quadratic)."""
+    H, W = grid
+    check(num_global <= H * W, f"attention.{name}={num_global} exceeds the {H * W} tokens of the {H}x{W} grid; "
+                               f"pick attention.{name} <= {H * W}")
+
+
+def check_kernel_fits(kernel: int, grid: Grid, name: str = "kernel_size") -> None:
+    """A ``kernel``×``kernel`` neighbourhood must fit in the token grid."""
+    check(kernel <= min(grid), f"attention.{name}={kernel} is larger than the {grid[0]}x{grid[1]} token grid; "
+                               f"pick attention.{name} <= {min(grid)}")
+
+
+def fit_dilation(dilation: int, kernel: int, grid: Grid) -> tuple[int, int]:
+    """Per-axis dilation actually used: DiNAT's rule ``min(dilation, side // kernel)`` (at least 1).
+
+    A dilated k-neighbourhood spans about ``k·dilation`` tokens; on a small grid (Swin's last stage)
+    the dilation shrinks so that the span fits, as DiNAT sets dilation = resolution // kernel.
+    """
+    return tuple(max(1, min(dilation, side // kernel)) for side in grid)
+
+
+# ------------------------------------------------------------------------------ index and masks
+def axis_index(n: int, kernel: int, dilation: int = 1, border: str = "shift") -> tuple[Tensor, Tensor]:
+    """Key positions of every position along one axis of length ``n``.
+
+    Args:
+        n: axis length.
+        kernel: keys per query along the axis (k).
+        dilation: stride between keys (δ).
+        border: ``"shift"``: Neighborhood Attention's rule, a query near the border keeps k keys by
+            shifting its window inside the axis (dilated: inside its sub-lattice ``i mod δ``);
+            needs ``k·δ <= n``. ``"mask"``: Longformer's rule, the window stays centred and keys
+            outside the axis are invalid.
+
+    Returns:
+        ``idx[n, k]`` key positions (in range) and ``valid[n, k]`` booleans.
+    """
+    i, t = torch.arange(n), torch.arange(kernel)
+    if border == "mask":
+        idx = i[:, None] + dilation * (t - kernel // 2)  # [n, k]
+        return idx.clamp(0, n - 1), (idx >= 0) & (idx < n)
+    residue, pos = i % dilation, i // dilation
+    sub_len = (n - residue + dilation - 1) // dilation  # length of the sub-lattice of this residue
+    start = torch.minimum((pos - kernel // 2).clamp(min=0), sub_len - kernel)
+    idx = residue[:, None] + dilation * (start[:, None] + t)  # [n, k]
+    return idx, torch.ones_like(idx, dtype=torch.bool)
+
+
+def axis_mask(n: int, kernel: int, dilation: int = 1, border: str = "shift") -> Tensor:
+    """Boolean ``[n, n]`` form of :func:`axis_index`, written as range tests (for references)."""
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    same_lattice = (j - i) % dilation == 0
+    if border == "mask":
+        return same_lattice & ((j - i).abs() <= dilation * (kernel // 2))
+    sub_len = (n - i % dilation + dilation - 1) // dilation
+    start = torch.minimum((i // dilation - kernel // 2).clamp(min=0), sub_len - kernel)
+    return same_lattice & (j // dilation >= start) & (j // dilation < start + kernel)
+
+
+def neighbourhood_index(grid: Grid, kernel: Grid, dilation: Grid = (1, 1),
+                        border: str = "shift") -> tuple[Tensor, Optional[Tensor]]:
+    """2-D neighbourhoods as the outer product of the two axes.
+
+    Args:
+        grid: (H, W).
+        kernel: (k_H, k_W) keys per axis.
+        dilation: (δ_H, δ_W).
+        border: see :func:`axis_index`.
+
+    Returns:
+        ``keys[H·W, k_H·k_W]`` raster ids of each token's keys and ``valid`` of the same shape,
+        or None when every key is valid.
+    """
+    (H, W), (kh, kw) = grid, kernel
+    rows, rows_ok = axis_index(H, kh, dilation[0], border)
+    cols, cols_ok = axis_index(W, kw, dilation[1], border)
+    keys = rows[:, None, :, None] * W + cols[None, :, None, :]  # [H, W, k_H, k_W]
+    valid = rows_ok[:, None, :, None] & cols_ok[None, :, None, :]  # [H, W, k_H, k_W]
+    keys, valid = keys.reshape(H * W, kh * kw), valid.reshape(H * W, kh * kw)  # [L, K]
+    return keys, (None if bool(valid.all()) else valid)
+
+
+def neighbourhood_mask(grid: Grid, kernel: Grid, dilation: Grid = (1, 1), border: str = "shift") -> Tensor:
+    """Boolean ``[H·W, H·W]`` mask of :func:`neighbourhood_index` (for references)."""
+    (H, W), (kh, kw) = grid, kernel
+    rows = axis_mask(H, kh, dilation[0], border)  # [H, H]
+    cols = axis_mask(W, kw, dilation[1], border)  # [W, W]
+    return (rows[:, None, :, None] & cols[None, :, None, :]).reshape(H * W, H * W)  # [H, W, H, W] -> [L, L]
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """One head group's 2-D neighbourhood pattern.
+
+    Args:
+        kernel: side k of the neighbourhood (odd).
+        dilation: requested dilation δ (fitted per grid with :func:`fit_dilation`).
+        border: ``"shift"`` (Neighborhood Attention) or ``"mask"`` (Longformer).
+    """
+
+    kernel: int
+    dilation: int = 1
+    border: str = "shift"
+
+    def dilations(self, grid: Grid) -> Grid:
+        """Per-axis dilation at ``grid`` (raises the kernel-size ConfigError if k does not fit)."""
+        check_kernel_fits(self.kernel, grid)
+        return fit_dilation(self.dilation, self.kernel, grid)
+
+    def index(self, grid: Grid) -> tuple[Tensor, Optional[Tensor]]:
+        return neighbourhood_index(grid, (self.kernel, self.kernel), self.dilations(grid), self.border)
+
+    def mask(self, grid: Grid) -> Tensor:
+        return neighbourhood_mask(grid, (self.kernel, self.kernel), self.dilations(grid), self.border)
+
+
+# -------------------------------------------------------------------------------- index buffers
+class HeadGroup(nn.Module):
+    """Consecutive heads that share one key list per query group.
+
+    Args:
+        heads: number of heads in the group.
+        keys: ``[Q, K]`` ids into the (padded) grid of each query group's keys; None: the group's
+            grid queries attend densely to every key (``multi_pattern``'s global heads).
+        valid: ``[Q, K]`` booleans (False: masked key), or None when all are valid.
+    """
+
+    def __init__(self, heads: int, keys: Optional[Tensor] = None, valid: Optional[Tensor] = None):
+        super().__init__()
+        self.heads = heads
+        self.register_buffer("keys", keys, persistent=False)
+        self.register_buffer("valid", valid, persistent=False)
+
+
+class SparsePattern(nn.Module):
+    """Index buffers of one fixed pattern at one token grid.
+
+    Args:
+        grid: (H, W).
+        groups: head groups in head order (heads sum to h).
+        padded: grid the ids in ``keys``/``queries`` refer to (the grid padded to whole blocks).
+        queries: ``[Q, S]`` padded ids of the grid queries of each group; None: every grid token is
+            its own group (Q = H·W, S = 1).
+        global_grid: ``[G]`` raster ids of grid tokens that are global (their queries attend to
+            every key, every query attends to their keys); None: none.
+    """
+
+    def __init__(self, grid: Grid, groups: list[HeadGroup], padded: Optional[Grid] = None,
+                 queries: Optional[Tensor] = None, global_grid: Optional[Tensor] = None):
+        super().__init__()
+        self.grid, self.padded = tuple(grid), tuple(padded or grid)
+        self.groups = nn.ModuleList(groups)
+        self.num_global_grid = 0 if global_grid is None else global_grid.numel()
+        self.register_buffer("queries", queries, persistent=False)
+        self.register_buffer("global_grid", global_grid, persistent=False)
+        self.register_buffer("inverse", self._inverse() if queries is not None else None, persistent=False)
+
+    def _inverse(self) -> Tensor:
+        """``[H·W]``: where each grid token's output sits in ``cat(group outputs [Q·S], global outputs [G])``."""
+        (H, W), (Hp, Wp) = self.grid, self.padded
+        slot = torch.full((Hp * Wp,), -1, dtype=torch.long)
+        slot[self.queries.flatten()] = torch.arange(self.queries.numel())
+        real = (torch.arange(H)[:, None] * Wp + torch.arange(W)[None, :]).flatten()  # padded id of each grid token
+        inverse = slot[real]
+        if self.global_grid is not None:
+            inverse[self.global_grid] = self.queries.numel() + torch.arange(self.global_grid.numel())
+        assert bool((inverse >= 0).all()), "every grid token needs an output"
+        return inverse
+
+    def group_shape(self) -> tuple[int, int]:
+        """(Q, S): query groups and tokens per group."""
+        if self.queries is None:
+            return self.grid[0] * self.grid[1], 1
+        return tuple(self.queries.shape)
+
+
+# ------------------------------------------------------------------------------------- kernels
+def gather_tokens(x: Tensor, index: Tensor) -> Tensor:
+    """``x[B, h, L, d]`` gathered along tokens by ``index[Q, K]`` -> ``[B, h, Q, K, d]``."""
+    B, h, _, d = x.shape
+    return x.index_select(2, index.flatten()).view(B, h, *index.shape, d)  # [B, h, Q·K, d] -> [B, h, Q, K, d]
+
+
+def pad_grid(x: Tensor, grid: Grid, padded: Grid) -> Tensor:
+    """``x[B, h, H·W, d]`` zero-padded at the bottom/right to ``[B, h, H'·W', d]``."""
+    if tuple(padded) == tuple(grid):
+        return x
+    (H, W), (Hp, Wp) = grid, padded
+    B, h, _, d = x.shape
+    x = F.pad(x.reshape(B, h, H, W, d), (0, 0, 0, Wp - W, 0, Hp - H))  # [B, h, H', W', d]
+    return x.reshape(B, h, Hp * Wp, d)  # [B, h, L', d]
+
+
+def gathered_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, valid: Optional[Tensor],
+                       k_glob: Tensor, v_glob: Tensor, scale: float, drop: nn.Module) -> Tensor:
+    """Softmax attention of query groups over their gathered keys plus the global keys.
+
+    Args:
+        q: ``[B, h, Q, S, d]`` queries in Q groups of S.
+        k, v: ``[B, h, L', d]`` grid keys/values (padded grid).
+        keys: ``[Q, K]`` ids into ``k``/``v`` of each group's keys.
+        valid: ``[Q, K]`` booleans or None.
+        k_glob, v_glob: ``[B, h, G, d]`` keys/values every query attends to (G may be 0).
+        scale: 1/√d.
+        drop: dropout on the attention weights.
+
+    Returns:
+        ``[B, h, Q, S, d]``.
+    """
+    B, h, Q, S, d = q.shape
+    K, G = keys.shape[1], k_glob.shape[2]
+    k_loc, v_loc = gather_tokens(k, keys), gather_tokens(v, keys)  # [B, h, Q, K, d]
+    scores = (q @ k_loc.transpose(-1, -2)) * scale  # [B, h, Q, S, K]
+    if valid is not None:
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))  # valid [Q, 1, K]
+    if G:
+        q_flat = q.reshape(B, h, Q * S, d)  # [B, h, Q·S, d]
+        scores_glob = (q_flat @ k_glob.transpose(-1, -2)) * scale  # [B, h, Q·S, G]
+        scores = torch.cat([scores_glob.view(B, h, Q, S, G), scores], dim=-1)  # [B, h, Q, S, G + K]
+    attn = drop(scores.softmax(dim=-1))
+    attn_glob, attn_loc = attn.split([G, K], dim=-1)
+    out = attn_loc @ v_loc  # [B, h, Q, S, d]
+    if G:
+        out = out + (attn_glob.reshape(B, h, Q * S, G) @ v_glob).view(B, h, Q, S, d)  # [B, h, Q·S, d] -> groups
+    return out
+
+
+# ----------------------------------------------------------------------------------- base class
+class SparsePatternAttention(QKVAttention):
+    """Base of the fixed sparse-pattern backends (see the module docstring).
+
+    Subclasses call :meth:`setup` at the end of ``__init__`` and implement :meth:`build_pattern`
+    (index buffers at a grid) and :meth:`grid_mask` (the same pattern as a boolean mask, for the
+    reference). Prefix tokens are always global: their queries attend to every token and every
+    query attends to their keys.
+
+    Args:
+        cfg: the backend's config.
+        ctx: the host's context.
+        num_learned: learned global tokens g (keys/values seen by every query).
+    """
+
+    linear_cost = True
+
+    def __init__(self, cfg: Any, ctx: MixerContext, num_learned: int = 0):
+        super().__init__(cfg, ctx)
+        self.num_learned = num_learned
+        self.global_tokens = nn.Parameter(torch.zeros(num_learned, ctx.dim)) if num_learned else None
+        if self.global_tokens is not None:
+            trunc_normal_(self.global_tokens, std=0.02)
+
+    def setup(self) -> None:
+        """Build the pattern's index buffers for the construction grid (on the module's device)."""
+        self.pattern = self.build_pattern(self.grid).to(self.qkv.weight.device)
+        self._other_grids: dict[tuple, SparsePattern] = {}  # patterns at other grids, by (grid, device)
+
+    def build_pattern(self, grid: Grid) -> SparsePattern:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def grid_mask(self, grid: Grid) -> Tensor:  # pragma: no cover - abstract
+        """Boolean ``[h or 1, H·W, H·W]``: which grid keys each grid query attends to."""
+        raise NotImplementedError
+
+    def pattern_at(self, grid: Grid, device: Any = "cpu") -> SparsePattern:
+        """The buffers at ``grid``: stored for the construction grid, built once and cached otherwise."""
+        grid = tuple(grid)
+        if grid == self.grid:
+            return self.pattern
+        key = (grid, str(device))
+        if key not in self._other_grids:
+            self._other_grids[key] = self.build_pattern(grid).to(device)
+        return self._other_grids[key]
+
+    def learned_kv(self, batch: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[B, h, g, d]`` of the learned global tokens (only k, v: ``2gC²``)."""
+        h, d, C, g = self.num_heads, self.head_dim, self.dim, self.num_learned
+        if not g:
+            empty = like.new_zeros(batch, h, 0, d)
+            return empty, empty
+        bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
+        kv = F.linear(self.global_tokens, self.qkv.weight[C:], bias)  # [g, 2C]
+        kv = kv.view(g, 2, h, d).permute(1, 2, 0, 3)  # [2, h, g, d]
+        return kv[0].expand(batch, -1, -1, -1), kv[1].expand(batch, -1, -1, -1)  # [B, h, g, d] each
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern."""
+        pat = self.pattern_at(grid, q.device)
+        B, P, L = q.shape[0], self.num_prefix, grid[0] * grid[1]
+        p_drop = self.attn_drop.p if self.training else 0.0
+        q_pre, q_grid = q.split([P, L], dim=2)  # [B, h, P, d], [B, h, L, d]
+        k_pre, k_grid = k.split([P, L], dim=2)
+        v_pre, v_grid = v.split([P, L], dim=2)
+        k_mem, v_mem = self.learned_kv(B, k)  # [B, h, g, d]
+        k_all = torch.cat([k_pre, k_mem, k_grid], dim=2)  # [B, h, P + g + L, d]: every key
+        v_all = torch.cat([v_pre, v_mem, v_grid], dim=2)
+        q_glob, k_glob, v_glob = q_pre, torch.cat([k_pre, k_mem], dim=2), torch.cat([v_pre, v_mem], dim=2)
+        if pat.num_global_grid:
+            gg = pat.global_grid
+            q_glob = torch.cat([q_pre, q_grid[:, :, gg]], dim=2)  # [B, h, P + G_grid, d]
+            k_glob = torch.cat([k_glob, k_grid[:, :, gg]], dim=2)  # [B, h, P + g + G_grid, d]
+            v_glob = torch.cat([v_glob, v_grid[:, :, gg]], dim=2)
+        # global queries attend to every key: P + G_grid rows
+        o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
+        k_pad, v_pad = pad_grid(k_grid, grid, pat.padded), pad_grid(v_grid, grid, pat.padded)  # [B, h, L', d]
+        if pat.queries is None:
+            q_groups = q_grid.unsqueeze(3)  # [B, h, L, 1, d]
+        else:
+            q_groups = gather_tokens(pad_grid(q_grid, grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
+        outs, h0 = [], 0
+        for group in pat.groups:
+            hs = slice(h0, h0 + group.heads)
+            h0 += group.heads
+            if group.keys is None:  # dense heads: every grid query over every key
+                outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
+            else:
+                outs.append(gathered_attention(q_groups[:, hs], k_pad[:, hs], v_pad[:, hs], group.keys, group.valid,
+                                               k_glob[:, hs], v_glob[:, hs], self.scale, self.attn_drop))
+        o_grid = torch.cat(outs, dim=1).flatten(2, 3)  # [B, h, Q·S, d]
+        o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
+        if pat.inverse is not None:
+            o_grid = torch.cat([o_grid, o_gg], dim=2).index_select(2, pat.inverse)  # [B, h, L, d] raster order
+        return torch.cat([o_pre, o_grid], dim=2)
+
+    def attend_flops(self, grid: Grid) -> int:
+        pat = self.pattern_at(grid)
+        P, g, d, C = self.num_prefix, self.num_learned, self.head_dim, self.dim
+        n_keys = P + g + grid[0] * grid[1]
+        n_glob = P + g + pat.num_global_grid
+        Q, S = pat.group_shape()
+        # learned global tokens: their keys and values, g·C·2C
+        flops = g * C * 2 * C
+        # prefix and global-grid queries over every key: QKᵀ and AV, (P + G_grid)·n_keys·d per head each
+        flops += sdpa_flops(1, self.num_heads, P + pat.num_global_grid, n_keys, d)
+        for group in pat.groups:
+            if group.keys is None:
+                # dense heads: every grid query over every key, QKᵀ and AV
+                flops += sdpa_flops(1, group.heads, Q * S, n_keys, d)
+            else:
+                # QKᵀ and AV of Q·S queries over K gathered keys plus the global keys, per head
+                flops += 2 * group.heads * Q * S * (group.keys.shape[1] + n_glob) * d
+        return flops
+
+    def full_mask(self, grid: Grid) -> Tensor:
+        """Boolean ``[h or 1, P + L, P + g + L]`` of the whole pattern (queries: real tokens only)."""
+        P, g, L = self.num_prefix, self.num_learned, grid[0] * grid[1]
+        inner = self.grid_mask(grid)  # [h or 1, L, L]
+        mask = torch.ones(inner.shape[0], P + L, P + g + L, dtype=torch.bool)
+        mask[:, P:, P + g:] = inner  # prefix rows and prefix/learned columns stay True: global
+        return mask
+
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:
+        """Dense masked ``softmax(QKᵀ/√d)V`` with learned tokens appended as ordinary tokens."""
+        P, g = self.num_prefix, self.num_learned
+        if g:
+            tokens = self.global_tokens.expand(x.shape[0], -1, -1)  # [B, g, C]
+            x = torch.cat([x[:, :P], tokens, x[:, P:]], dim=1)  # [B, P + g + L, C]
+        q, k, v = self.split_heads(x)  # [B, h, P + g + L, d]
+        q = torch.cat([q[:, :, :P], q[:, :, P + g:]], dim=2)  # learned tokens' outputs are dropped
+        out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device))
+        return self.merge_heads(out)
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        H, W = grid or self.grid
+        return {**super().symbols(grid), "L": H * W, "P": self.num_prefix}
+
+
+class NeighbourhoodAttention(SparsePatternAttention):
+    """Base of backends whose head groups each use a 2-D :class:`Neighbourhood` (or dense heads).
+
+    Subclasses implement :meth:`head_patterns`: ``[(heads, Neighbourhood or None), ...]``.
+    """
+
+    def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def build_pattern(self, grid: Grid) -> SparsePattern:
+        groups = []
+        for heads, nbhd in self.head_patterns(grid):
+            if heads:
+                groups.append(HeadGroup(heads, *nbhd.index(grid)) if nbhd is not None else HeadGroup(heads))
+        return SparsePattern(grid, groups)
+
+    def grid_mask(self, grid: Grid) -> Tensor:
+        L = grid[0] * grid[1]
+        masks = [(nbhd.mask(grid) if nbhd is not None else torch.ones(L, L, dtype=torch.bool)).expand(heads, L, L)
+                 for heads, nbhd in self.head_patterns(grid) if heads]
+        return torch.cat(masks, dim=0)  # [h, L, L]
+
+    def dilation_at(self, grid: Optional[Grid] = None) -> Grid:
+        """Per-axis dilation used at ``grid`` (for ``extra_repr``)."""
+        return fit_dilation(getattr(self.cfg, "dilation", 1), self.cfg.kernel_size, grid or self.grid)
+
+
+def block_count(grid: Grid, block: int) -> Grid:
+    """Blocks per axis when the grid is padded to whole ``block``×``block`` blocks."""
+    return tuple(math.ceil(s / block) for s in grid)

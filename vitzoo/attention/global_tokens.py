@@ -1,0 +1,65 @@
+"""Global tokens plus neighbourhood attention (``global_tokens``).
+
+Papers: Ainslie et al., "ETC: Encoding Long and Structured Inputs in Transformers", EMNLP 2020,
+https://arxiv.org/abs/2004.08483 (global-local attention with extra global tokens); Zhang et al.,
+"Multi-Scale Vision Longformer", ICCV 2021, https://arxiv.org/abs/2103.15358 (global memory
+tokens plus 2-D local attention in a ViT).
+
+Global tokens are the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
+grid token attends to its k×k neighbourhood (shifted at the border, as ``local``) plus every global
+token. Prefix queries attend to every token (P rows of length N). The learned tokens are layer
+parameters that the host does not carry to the next layer, so their own outputs would be thrown
+away: only their keys and values are computed (``2gC²``), not their query rows. The reference
+appends them as ordinary tokens to a dense masked attention and drops their outputs, which is the
+same maths. With no class token (Swin) ``attention.num_global`` must be at least 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._sparse import (Neighbourhood, NeighbourhoodAttention, check_non_negative, check_num_global,
+                                      check_odd_kernel)
+from vitzoo.attention.base import Grid, MixerContext, check
+
+
+@dataclass
+class GlobalTokensConfig:
+    kernel_size: int = 3  # neighbourhood side k of the local part (odd, <= the grid's shorter side)
+    num_global: int = 1  # learned global tokens g per layer (the class token is global as well)
+
+    def __post_init__(self):
+        check_odd_kernel(self)
+        check_non_negative(self, "num_global")
+
+
+@register_attention("global_tokens", GlobalTokensConfig)
+class GlobalTokensAttention(NeighbourhoodAttention):
+    """k×k neighbourhood attention plus P + g global tokens.
+
+    Cost ``4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C`` (L = H·W, P prefix, g learned tokens).
+
+    Args:
+        cfg: :class:`GlobalTokensConfig`.
+        ctx: the host's context.
+    """
+
+    formula = "4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C"
+
+    def __init__(self, cfg: GlobalTokensConfig, ctx: MixerContext):
+        check(cfg.num_global + ctx.num_prefix > 0,
+              "attention.num_global=0 and the model has no class token, so there is no global token; "
+              "set attention.num_global >= 1 or use attention=local")
+        check_num_global(cfg.num_global, ctx.grid)
+        super().__init__(cfg, ctx, num_learned=cfg.num_global)
+        self.setup()
+
+    def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
+        return [(self.num_heads, Neighbourhood(self.cfg.kernel_size))]
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "k": self.cfg.kernel_size, "g": self.num_learned}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, num_global={self.num_learned}"

@@ -1,0 +1,104 @@
+"""Linear attention (``linear``) and Efficient Attention (``efficient``).
+
+Papers:
+- ``linear``: Katharopoulos et al., "Transformers are RNNs: Fast Autoregressive Transformers with
+  Linear Attention", ICML 2020, https://arxiv.org/abs/2006.16236. Feature map ``φ(x) = elu(x) + 1``,
+  ``out = φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` (non-causal form).
+- ``efficient``: Shen et al., "Efficient Attention: Attention with Linear Complexities", WACV 2021,
+  https://arxiv.org/abs/1812.01243. ``out = ρq(Q)(ρk(K)ᵀV)`` with ``ρq`` a softmax of each query
+  over its d features and ``ρk`` a softmax of each key feature over the N positions.
+
+Both are global mixers: prefix tokens (the class token) are ordinary tokens, as queries and as
+keys/values. Neither forms attention weights in its fast path, so ``attn_drop`` is not used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._kernel import kernel_attention, kernel_attention_flops, kernel_attention_quadratic
+from vitzoo.attention.base import Grid, QKVAttention
+
+
+def elu_features(x: Tensor) -> Tensor:
+    """Katharopoulos et al.'s positive feature map ``elu(x) + 1`` (elementwise, m = d)."""
+    return F.elu(x) + 1
+
+
+@dataclass
+class LinearConfig:
+    """Linear attention has no options: the feature map elu(x)+1 has as many features as the head dim."""
+
+
+@register_attention("linear", LinearConfig)
+class LinearAttention(QKVAttention):
+    """Kernel attention with ``φ = elu + 1``. Cost ``4NC² + 2NdC + NC`` (d = C/h).
+
+    Args:
+        cfg: LinearConfig (validated options, see ``configs/attention/linear.yaml``).
+        ctx: dims, heads, grid, prefix tokens and layer index from the host block.
+    """
+
+    formula = "4NC² + 2NdC + NC"
+    linear_cost = True
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        return kernel_attention(elu_features(q), elu_features(k), v)
+
+    def attend_flops(self, grid: Grid) -> int:
+        # φ(K)ᵀV: N·d·d, φ(Q)(φ(K)ᵀV): N·d·d, normaliser φ(Q)(φ(K)ᵀ1): N·d, per head
+        return kernel_attention_flops(self.num_heads, self.seq_len(grid), self.head_dim, self.head_dim)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        # (φ(Q)φ(K)ᵀ)V / (φ(Q)φ(K)ᵀ1), the N×N kernel matrix written out
+        return kernel_attention_quadratic(elu_features(q), elu_features(k), v)
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "d": self.head_dim}
+
+
+@dataclass
+class EfficientConfig:
+    """Efficient Attention has no options (softmax normalisers ρq, ρk, no scaling, as in the paper)."""
+
+
+@register_attention("efficient", EfficientConfig)
+class EfficientAttention(QKVAttention):
+    """``ρq(Q)(ρk(K)ᵀV)``: d global context vectors mixed per query. Cost ``4NC² + 2NdC`` (d = C/h).
+
+    Args:
+        cfg: EfficientConfig (validated options, see ``configs/attention/efficient.yaml``).
+        ctx: dims, heads, grid, prefix tokens and layer index from the host block.
+    """
+
+    formula = "4NC² + 2NdC"
+    linear_cost = True
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        context = k.softmax(dim=-2).transpose(-2, -1) @ v  # ρk(K)ᵀV [B, h, d, d]: N·d·d per head
+        return q.softmax(dim=-1) @ context  # ρq(Q)·context [B, h, N, d]: N·d·d per head
+
+    def attend_flops(self, grid: Grid) -> int:
+        n, d = self.seq_len(grid), self.head_dim
+        # ρk(K)ᵀV: N·d·d per head, ρq(Q)(ρk(K)ᵀV): N·d·d per head
+        return self.num_heads * 2 * n * d * d
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """The definition written out as one triple sum, with explicit exp-normalisations.
+
+        ``ρq(q_i)_c = exp(q_ic) / Σ_c' exp(q_ic')`` (over features), ``ρk(k_j)_c = exp(k_jc) / Σ_j' exp(k_j'c)``
+        (over positions), ``out_ie = Σ_c Σ_j ρq(q_i)_c ρk(k_j)_c v_je``.
+        """
+        eq = (q - q.amax(dim=-1, keepdim=True)).exp()
+        rho_q = eq / eq.sum(dim=-1, keepdim=True)  # [B, h, N, d], each query sums to 1 over features
+        ek = (k - k.amax(dim=-2, keepdim=True)).exp()
+        rho_k = ek / ek.sum(dim=-2, keepdim=True)  # [B, h, N, d], each feature sums to 1 over positions
+        return torch.einsum("bhic,bhjc,bhje->bhie", rho_q, rho_k, v)
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "d": self.head_dim}

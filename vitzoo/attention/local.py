@@ -1,0 +1,89 @@
+"""2-D neighbourhood attention (``local``) and its dilated form (``dilated``).
+
+Papers: Hassani et al., "Neighborhood Attention Transformer", CVPR 2023,
+https://arxiv.org/abs/2204.07143 (``local``); Hassani & Shi, "Dilated Neighborhood Attention
+Transformer", arXiv 2022, https://arxiv.org/abs/2209.15001 (``dilated``).
+
+Each grid token attends to the k×k tokens around it. Near the border the neighbourhood is shifted
+to stay inside the grid, so every token has exactly k² keys (as NA does, not zero-padding). With
+dilation δ the neighbourhood takes every δ-th token: token (i, j) attends within its sub-lattice
+``(i mod δ, j mod δ)``, shifted at the border inside that sub-lattice (DiNAT). On a grid too small
+for ``k·δ`` the dilation shrinks per axis to ``side // k`` (DiNAT's rule; at least 1), so the
+default builds on Swin's 4×4 stage. A kernel larger than the grid is an error (no clamping):
+``attention.kernel_size`` must be odd and at most the grid's shorter side.
+
+Prefix tokens (ViT's class token) are global: they attend to every token, and every token attends
+to them on top of its k² neighbours. Keys and values are gathered with precomputed index buffers
+and scored as ``[B, h, H·W, 1, k²]``; see :mod:`vitzoo.attention._sparse`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._sparse import Neighbourhood, NeighbourhoodAttention, check_odd_kernel
+from vitzoo.attention.base import Grid, MixerContext, check_positive
+
+
+@dataclass
+class LocalConfig:
+    kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
+
+    def __post_init__(self):
+        check_odd_kernel(self)
+
+
+@dataclass
+class DilatedConfig:
+    kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
+    dilation: int = 2  # stride δ between keys; shrinks per axis to side // k on small grids
+
+    def __post_init__(self):
+        check_odd_kernel(self)
+        check_positive(self, "dilation")
+
+
+@register_attention("local", LocalConfig)
+class LocalAttention(NeighbourhoodAttention):
+    """Neighbourhood attention over k×k tokens.
+
+    Cost ``4NC² + 2k²LC + 2P(L + N)C`` with L = H·W grid tokens and P prefix tokens (without a class
+    token: ``4NC² + 2k²NC``): grid queries score k² neighbours plus P prefix keys, prefix queries
+    score all N keys.
+
+    Args:
+        cfg: :class:`LocalConfig`.
+        ctx: the host's context.
+    """
+
+    formula = "4NC² + 2k²LC + 2P(L + N)C"
+
+    def __init__(self, cfg: LocalConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.setup()
+
+    def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
+        return [(self.num_heads, Neighbourhood(self.cfg.kernel_size, getattr(self.cfg, "dilation", 1)))]
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "k": self.cfg.kernel_size}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, dilation={self.dilation_at()}"
+
+
+@register_attention("dilated", DilatedConfig)
+class DilatedAttention(LocalAttention):
+    """Dilated neighbourhood attention: k×k keys spaced δ apart (δ fitted per axis to the grid).
+
+    Cost ``4NC² + 2k²LC + 2P(L + N)C`` (same as ``local``: k² keys per grid query).
+
+    Args:
+        cfg: :class:`DilatedConfig`.
+        ctx: the host's context.
+    """
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        dh, dw = self.dilation_at(grid)
+        return {**super().symbols(grid), "δ_H": dh, "δ_W": dw}

@@ -1,0 +1,74 @@
+"""Longformer attention on a 2-D token grid (``longformer``).
+
+Papers: Beltagy et al., "Longformer: The Long-Document Transformer", arXiv 2020,
+https://arxiv.org/abs/2004.05150; in 2-D: Zhang et al., "Multi-Scale Vision Longformer", ICCV 2021,
+https://arxiv.org/abs/2103.15358.
+
+Three parts, as in Longformer:
+
+* sliding window: each grid token attends to the k×k window centred on it. Unlike ``local``, the
+  window does not shift at the border: keys outside the grid are masked (Longformer pads), so
+  border tokens see fewer keys while the cost stays k² per token;
+* dilated windows on ``attention.dilated_heads`` of the heads: k×k keys spaced δ apart, centred
+  and masked the same way (δ shrinks per axis to ``side // k`` on small grids, DiNAT's rule);
+* global tokens: the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
+  token attends to them; prefix queries attend to every token. Learned tokens are layer parameters
+  whose own outputs would be discarded, so only their keys and values are computed (see
+  :mod:`vitzoo.attention._sparse`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._sparse import (Neighbourhood, NeighbourhoodAttention, check_non_negative, check_num_global,
+                                      check_odd_kernel)
+from vitzoo.attention.base import Grid, MixerContext, check, check_positive
+
+
+@dataclass
+class LongformerConfig:
+    kernel_size: int = 3  # sliding-window side k (odd, <= the grid's shorter side)
+    dilation: int = 2  # key stride δ of the dilated heads; shrinks per axis to side // k on small grids
+    dilated_heads: int = 1  # heads (the last ones) using dilated windows, 0..num_heads
+    num_global: int = 1  # learned global tokens g per layer (the class token is global as well)
+
+    def __post_init__(self):
+        check_odd_kernel(self)
+        check_positive(self, "dilation")
+        check_non_negative(self, "dilated_heads", "num_global")
+
+
+@register_attention("longformer", LongformerConfig)
+class LongformerAttention(NeighbourhoodAttention):
+    """Sliding windows (masked at the border), dilated windows on some heads, global tokens.
+
+    Cost ``4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C`` (L = H·W, P prefix, g learned tokens).
+
+    Args:
+        cfg: :class:`LongformerConfig`.
+        ctx: the host's context.
+    """
+
+    formula = "4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C"
+
+    def __init__(self, cfg: LongformerConfig, ctx: MixerContext):
+        check(cfg.dilated_heads <= ctx.num_heads,
+              f"attention.dilated_heads={cfg.dilated_heads} exceeds the layer's {ctx.num_heads} heads "
+              f"(model.num_heads); pick 0..{ctx.num_heads}")
+        check_num_global(cfg.num_global, ctx.grid)
+        super().__init__(cfg, ctx, num_learned=cfg.num_global)
+        self.setup()
+
+    def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
+        k, dilated = self.cfg.kernel_size, self.cfg.dilated_heads
+        return [(self.num_heads - dilated, Neighbourhood(k, 1, "mask")),
+                (dilated, Neighbourhood(k, self.cfg.dilation, "mask"))]
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "k": self.cfg.kernel_size, "g": self.num_learned}
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, dilation={self.dilation_at()} "
+                f"on {self.cfg.dilated_heads} heads, num_global={self.num_learned}")

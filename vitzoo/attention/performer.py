@@ -1,0 +1,99 @@
+"""Performer attention: FAVOR+ with positive orthogonal random features.
+
+Paper: Choromanski et al., "Rethinking Attention with Performers", ICLR 2021,
+https://arxiv.org/abs/2009.14794.
+
+The softmax kernel ``exp(qᵀk/√d)`` is estimated by positive random features
+``φ(x) = exp(ωx - ‖x‖²/2) / √m`` of ``x = q/d^¼`` (and ``k/d^¼``), with m orthogonal Gaussian rows
+``ω`` shared by all heads of the layer. Any constant factor of φ(q) or φ(k) cancels in the ratio, so
+the ``1/√m`` is not applied. Attention is ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)``: linear in N,
+never N×N. For numerical safety each query's features are divided by their largest value and all
+keys' by the largest key feature of the (image, head) (both cancel in the ratio), and the
+normaliser is clamped to at least ``1e-6`` so that underflow gives 0, not NaN (the authors' code
+adds a small constant to every feature instead; the clamp saves a copy of the N×m features).
+
+``ω`` is a buffer drawn from a generator seeded by the layer index; in training it is redrawn every
+``redraw_interval`` forward passes (see :class:`vitzoo.attention._kernel.RandomFeatures`); eval
+never redraws. A global mixer: prefix tokens (the class token) are ordinary tokens. There are no
+attention weights in the fast path, so ``attn_drop`` is not used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._kernel import RandomFeatures, kernel_attention, kernel_attention_flops, kernel_attention_quadratic
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+
+NORMALISER_FLOOR = 1e-6  # φ(q)ᵀΣφ(k) is clamped to at least this (it could underflow to 0)
+
+
+@dataclass
+class PerformerConfig:
+    num_features: int = 256  # random features m per head (shared ω across heads)
+    redraw_interval: int = 1000  # training steps between redraws of ω; 0 = never redraw
+
+    def __post_init__(self):
+        check_positive(self, "num_features")
+        check(isinstance(self.redraw_interval, int) and self.redraw_interval >= 0,
+              f"attention.redraw_interval must be a non-negative integer (got {self.redraw_interval!r})")
+
+
+def favor_features(x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
+    """Positive random features of the softmax kernel.
+
+    Args:
+        x: queries or keys ``[B, h, N, d]`` (unscaled).
+        omega: random projection ``[m, d]``.
+        is_query: stabilise per token (queries) or per (image, head) over all tokens (keys).
+
+    Returns:
+        ``φ(x)`` ``[B, h, N, m]`` times a constant per query (queries) or per image and head (keys),
+        which cancels in attention.
+    """
+    x = x * x.shape[-1] ** -0.25  # split 1/√d between q and k
+    proj = x @ omega.transpose(-2, -1)  # ωx [B, h, N, m]: N·d·m per head
+    expo = proj - x.square().sum(dim=-1, keepdim=True) / 2  # ωx - ‖x‖²/2 [B, h, N, m]
+    dims = (-1,) if is_query else (-2, -1)
+    return torch.exp(expo - expo.detach().amax(dim=dims, keepdim=True))  # largest feature is exactly 1
+
+
+@register_attention("performer", PerformerConfig)
+class PerformerAttention(QKVAttention):
+    """FAVOR+ attention. Cost ``4NC² + 2NmC + 2NmC + hNm``.
+
+    Args:
+        cfg: PerformerConfig (validated options, see ``configs/attention/performer.yaml``).
+        ctx: dims, heads, grid, prefix tokens and layer index from the host block.
+    """
+
+    formula = "4NC² + 2NmC + 2NmC + hNm"
+    linear_cost = True
+
+    def __init__(self, cfg: PerformerConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.features = RandomFeatures((), cfg.num_features, self.head_dim, ctx.layer_index, cfg.redraw_interval)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        omega = self.features()  # redraws in training when due
+        return kernel_attention(favor_features(q, omega, True), favor_features(k, omega, False), v, NORMALISER_FLOOR)
+
+    def attend_flops(self, grid: Grid) -> int:
+        n, m, d = self.seq_len(grid), self.cfg.num_features, self.head_dim
+        # feature projections Q·ωᵀ and K·ωᵀ: N·d·m each per head -> 2NmC
+        features = 2 * self.num_heads * n * d * m
+        # φ(K)ᵀV: N·m·d, φ(Q)(φ(K)ᵀV): N·m·d (-> 2NmC), normaliser φ(Q)(φ(K)ᵀ1): N·m, per head
+        return features + kernel_attention_flops(self.num_heads, n, m, d)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        # explicit kernel matrix φ(Q)φ(K)ᵀ [N, N], then AV / A1
+        omega = self.features.weight
+        phi_q, phi_k = favor_features(q, omega, True), favor_features(k, omega, False)
+        return kernel_attention_quadratic(phi_q, phi_k, v, NORMALISER_FLOOR)
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "m": self.cfg.num_features}

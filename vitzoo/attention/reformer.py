@@ -1,0 +1,208 @@
+"""Reformer LSH attention.
+
+Paper: Kitaev, Kaiser and Levskaya, "Reformer: The Efficient Transformer", ICLR 2020,
+https://arxiv.org/abs/2001.04451.
+
+* Shared query-key: one projection gives ``q`` and ``v``; keys are the unit-normalised queries
+  ``k = q / |q|`` (so the layer has a ``qv`` projection and an output projection: 3NC²).
+* Angular LSH: ``bucket = argmax([xR; -xR])`` with a random rotation ``R[d, n_buckets/2]`` per head
+  and hash round, drawn at construction from a generator seeded by ``layer_index`` and stored as a
+  buffer. With ``redraw: true`` every *training* forward draws fresh rotations (as the paper's
+  trainer does); eval always uses the buffer, so it is deterministic and reloads identically.
+* Per round: sort the grid tokens by (bucket, position), cut into chunks of ``c`` tokens; a query
+  attends to the keys of its chunk and of the previous chunk (chunk 0 has no previous chunk, no
+  wrap-around) that lie in its own bucket (the paper's mask). A token attends to itself only when
+  nothing else is available (score - 1e5). A key that shares the query's bucket in r rounds is
+  down-weighted by ``- log r`` (the paper's duplicate correction), and the rounds are merged with
+  their logsumexp weights.
+* Padding: grid tokens are zero-padded to a multiple of ``c``; pad tokens get bucket ``n_buckets``
+  (sorted last, never in a real query's bucket). A chunk longer than the grid shrinks to the grid.
+* Prefix tokens (class token): every grid query also attends to the P prefix keys (merged by
+  logsumexp with the rounds) and every prefix query attends to all N keys: O(P·N) extra.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._buckets import (attend_pieces, attend_pieces_flops, ceil_to, combine_parts, gather_tokens,
+                                       look_back, pad_tokens, prefix_part, sort_order, split_prefix, unsort)
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+
+SELF_PENALTY = 1e5  # subtracted from a token's score with itself (the paper's 10^5)
+MAX_HASHES = 8
+
+
+@dataclass
+class ReformerConfig:
+    chunk_size: int = 32  # tokens per chunk c after sorting; a query sees its chunk and the previous one
+    n_buckets: int = 32  # hash buckets per round (even)
+    n_hashes: int = 2  # hash rounds, 1..8
+    redraw: bool = True  # fresh random rotations in every training forward; eval uses the seeded buffer
+    pad: bool = True  # pad grid tokens to a multiple of chunk_size; false = error when it does not divide
+
+    def __post_init__(self):
+        check_positive(self, "chunk_size", "n_buckets", "n_hashes")
+        check(self.n_buckets >= 2 and self.n_buckets % 2 == 0,
+              f"attention.n_buckets must be an even integer >= 2 (got {self.n_buckets})")
+        check(self.n_hashes <= MAX_HASHES, f"attention.n_hashes must be in 1..{MAX_HASHES} (got {self.n_hashes})")
+
+
+@register_attention("reformer", ReformerConfig)
+class ReformerAttention(QKVAttention):
+    """LSH attention with shared QK over sorted chunks. Cost ``3NC² + n_h·(n_b/2)·NC + 4n_h·cNC + 4PNC``."""
+
+    formula = "3NC² + n_h·(n_b/2)·NC + 4n_h·cNC + 4PNC"
+    linear_cost = True
+
+    def __init__(self, cfg: ReformerConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        del self.qkv
+        self.qv = nn.Linear(ctx.dim, 2 * ctx.dim, bias=ctx.qkv_bias)  # shared query-key and value
+        self.layout(ctx.grid)
+        g = torch.Generator().manual_seed(ctx.layer_index)
+        rot = torch.randn(self.num_heads, self.head_dim, cfg.n_hashes * cfg.n_buckets // 2, generator=g)
+        self.register_buffer("rotations", rot)  # [h, d, n_hashes·n_buckets/2]
+
+    def layout(self, grid: Grid) -> tuple[int, int]:
+        """Chunk length c and padded grid length at ``grid`` (ConfigError when c does not divide and pad is off)."""
+        m = grid[0] * grid[1]
+        c = min(self.cfg.chunk_size, m)
+        check(self.cfg.pad or m % c == 0,
+              f"attention.chunk_size={c} does not divide the {m} tokens of the {grid[0]}x{grid[1]} grid; "
+              f"set attention.pad=true or pick a divisor")
+        return c, ceil_to(m, c)
+
+    def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x[B, N, C] -> q, k = q/|q|, v``, each ``[B, h, N, d]``."""
+        B, N, _ = x.shape
+        qv = self.qv(x).reshape(B, N, 2, self.num_heads, self.head_dim)  # [B, N, 2, h, d]
+        q, v = qv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x [B, h, N, d]
+        return q, F.normalize(q, dim=-1), v
+
+    def hash(self, x: Tensor) -> Tensor:
+        """Angular LSH buckets ``[B, h, n_hashes, M]`` of ``x[B, h, M, d]``."""
+        rot = self.rotations
+        if self.training and self.cfg.redraw:
+            rot = torch.randn_like(rot)
+        proj = x @ rot  # [B, h, M, n_hashes·n_b/2]
+        proj = proj.unflatten(-1, (self.cfg.n_hashes, -1))  # [B, h, M, n_hashes, n_b/2]
+        return torch.cat([proj, -proj], dim=-1).argmax(dim=-1).transpose(-1, -2)  # [B, h, n_hashes, M]
+
+    def padded_buckets(self, k_grid: Tensor, length: int) -> Tensor:
+        """Buckets of the grid keys, pad tokens in bucket ``n_buckets``: ``[B, h, n_hashes, length]``."""
+        buckets = self.hash(k_grid)
+        return F.pad(buckets, (0, length - buckets.shape[-1]), value=self.cfg.n_buckets)
+
+    def chunk_bias(self, buckets: Tensor, order: Tensor, c: int, dtype: torch.dtype) -> Tensor:
+        """Additive bias ``[B, h, R, nc, c, 2c]`` of every chunk: bucket mask, self penalty, duplicates.
+
+        Args:
+            buckets: ``[B, h, R, L]`` bucket of every (padded) token in every round.
+            order: ``[B, h, R, L]`` tokens in sorted order for every round.
+            c: chunk length.
+            dtype: dtype of the bias (the scores').
+        """
+        R = buckets.shape[2]
+        tq = order.unflatten(-1, (-1, c))  # [B, h, R, nc, c] token of each query slot
+        tk = look_back(tq, dim=-2, fill=-1)  # [B, h, R, nc, 2c], -1 = no key
+        shared = torch.zeros(tq.shape + tk.shape[-1:], dtype=torch.uint8, device=tq.device)  # [B, h, R, nc, c, 2c]
+        for r in range(R):  # count the rounds r in which query and key share a bucket
+            b_r = buckets[:, :, r:r + 1].expand(-1, -1, R, -1)  # [B, h, R, L] buckets of round r
+            cq = b_r.gather(-1, tq.flatten(-2)).view_as(tq)  # [B, h, R, nc, c]
+            ck = b_r.gather(-1, tk.flatten(-2).clamp_min(0)).view_as(tk)  # [B, h, R, nc, 2c] (no key: masked below)
+            shared += cq.unsqueeze(-1) == ck.unsqueeze(-2)
+        bq = buckets.gather(-1, order).unflatten(-1, (-1, c))  # [B, h, R, nc, c] bucket in the chunk's round
+        bk = look_back(bq, dim=-2, fill=-1)  # [B, h, R, nc, 2c]
+        bias = -shared.clamp_min(1).to(dtype).log()  # duplicate correction -log(rounds shared)
+        bias = bias.masked_fill(bq.unsqueeze(-1) != bk.unsqueeze(-2), float("-inf"))  # other bucket / no key
+        return bias.masked_fill(tq.unsqueeze(-1) == tk.unsqueeze(-2), -SELF_PENALTY - math.log(R))  # self
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        P = self.num_prefix
+        c, length = self.layout(grid)
+        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        m = qg.shape[-2]
+        buckets = self.padded_buckets(kg, length)  # [B, h, R, L]
+        pos = torch.arange(length, device=q.device)
+        order, inverse = sort_order(buckets * length + pos)  # [B, h, R, L]
+        qs = gather_tokens(pad_tokens(qg, length), order).unflatten(-2, (-1, c))  # [B, h, R, nc, c, d]
+        ks = look_back(gather_tokens(pad_tokens(kg, length), order).unflatten(-2, (-1, c)), dim=-3)
+        vs = look_back(gather_tokens(pad_tokens(vg, length), order).unflatten(-2, (-1, c)), dim=-3)
+        bias = self.chunk_bias(buckets, order, c, q.dtype)  # [B, h, R, nc, c, 2c]
+        out, lse = attend_pieces(qs, ks, vs, self.scale, bias, self.attn_drop)  # [B, h, R, nc, c, d]
+        out = unsort(out.flatten(-3, -2), inverse)  # [B, h, R, L, d]
+        lse = lse.flatten(-2).gather(-1, inverse)  # [B, h, R, L]
+        out, lse = out[..., :m, :], lse[..., :m]
+        if P:
+            out_p, lse_p = prefix_part(qg, kp, vp, self.scale, self.attn_drop)
+            out = torch.cat([out, out_p.unsqueeze(2)], dim=2)  # [B, h, R + 1, M, d]
+            lse = torch.cat([lse, lse_p.unsqueeze(2)], dim=2)
+        out_g = combine_parts(out, lse, dim=2)  # [B, h, M, d]
+        if not P:
+            return out_g
+        out_pre, _ = attend_pieces(qp, k, v, self.scale, self.prefix_bias(q), self.attn_drop)
+        return torch.cat([out_pre, out_g], dim=2)
+
+    def prefix_bias(self, q: Tensor) -> Tensor:
+        """``[P, N]`` self penalty of the prefix queries (prefix token p is key p)."""
+        P, N = self.num_prefix, q.shape[-2]
+        return -SELF_PENALTY * torch.eye(P, N, dtype=q.dtype, device=q.device)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """Dense ``[M, M]`` masks per round (same bucket, chunk(j) in {chunk(i), chunk(i) - 1}), one joint softmax."""
+        P = self.num_prefix
+        c, length = self.layout(grid)
+        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        m = qg.shape[-2]
+        buckets = self.padded_buckets(kg, length)  # [B, h, R, L]
+        order = (buckets * length + torch.arange(length, device=q.device)).argsort(-1)
+        chunk = order.argsort(-1)[..., :m] // c  # [B, h, R, M] chunk of every grid token
+        b = buckets[..., :m]
+        same = b.unsqueeze(-1) == b.unsqueeze(-2)  # [B, h, R, M, M]
+        gap = chunk.unsqueeze(-1) - chunk.unsqueeze(-2)  # query chunk - key chunk
+        shared = same.sum(2, keepdim=True)  # [B, h, 1, M, M] rounds in which i and j share a bucket
+        scores = (qg @ kg.transpose(-2, -1)).unsqueeze(2) * self.scale  # [B, h, 1, M, M]
+        scores = scores - shared.clamp_min(1).to(q.dtype).log()
+        scores = scores - SELF_PENALTY * torch.eye(m, dtype=q.dtype, device=q.device)
+        scores = scores.masked_fill(~(same & ((gap == 0) | (gap == 1))), float("-inf"))  # [B, h, R, M, M]
+        # one softmax over the multiset union of the rounds' keys (and the prefix keys)
+        scores = scores.transpose(2, 3).flatten(-2)  # [B, h, M, R·M]
+        values = vg.repeat(1, 1, self.cfg.n_hashes, 1)  # [B, h, R·M, d]
+        if P:
+            scores = torch.cat([scores, (qg @ kp.transpose(-2, -1)) * self.scale], dim=-1)  # [B, h, M, R·M + P]
+            values = torch.cat([values, vp], dim=-2)
+        out = scores.softmax(-1) @ values  # [B, h, M, d]
+        if not P:
+            return out
+        s_pre = (qp @ k.transpose(-2, -1)) * self.scale + self.prefix_bias(q)  # [B, h, P, N]
+        return torch.cat([s_pre.softmax(-1) @ v, out], dim=2)
+
+    def projection_flops(self, n: int) -> int:
+        """Shared query-key and value projection ``2nC²`` plus output projection ``nC²``."""
+        return 3 * n * self.dim * self.dim
+
+    def attend_flops(self, grid: Grid) -> int:
+        c, length = self.layout(grid)
+        m, P, R, d, h = grid[0] * grid[1], self.num_prefix, self.cfg.n_hashes, self.head_dim, self.num_heads
+        n = P + m
+        # hashing x @ rotations: M·d·(R·n_b/2) per head
+        flops = h * m * d * R * self.cfg.n_buckets // 2
+        # per round and chunk: q kᵀ (c·2c·d) and attn v (c·2c·d) per head
+        flops += h * attend_pieces_flops(R * length // c, c, 2 * c, d)
+        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
+        flops += h * attend_pieces_flops(1, m, P, d)
+        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
+        flops += h * attend_pieces_flops(1, P, n, d) if P else 0
+        return flops
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        c, _ = self.layout(grid or self.grid)
+        return {**super().symbols(grid), "n_h": self.cfg.n_hashes, "n_b": self.cfg.n_buckets, "c": c,
+                "P": self.num_prefix}

@@ -1,0 +1,151 @@
+"""Routing attention: online k-means clusters of queries and keys.
+
+Paper: Roy, Saffar, Vaswani and Grangier, "Efficient Content-Based Sparse Attention with Routing
+Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
+
+* Routing: per head, K unit centroids ``mu[h, K, d]`` (a buffer, drawn at construction from a
+  generator seeded by ``layer_index``). Queries and keys are unit-normalised and scored against
+  every centroid; each centroid takes its top-w queries and its top-w keys (w = ⌈M/K⌉ for M grid
+  tokens), so every cluster has exactly w queries and w keys, as in the paper's balanced routing.
+  The queries of a cluster attend densely to the keys of that cluster ([B, h, K, w, w] scores).
+* A token picked by several centroids merges its cluster results by logsumexp (it attends to the
+  multiset union of those key sets); a token picked by none attends only to the prefix keys, or
+  gets a zero attention output when there are none (the residual carries it).
+* k-means update: in training, every forward assigns each normalised query and key to its nearest
+  centroid and moves the centroid by an exponential moving average of the mean of its members
+  (``mu <- normalise(decay·mu + (1 - decay)·mean)``), under ``no_grad``: centroids are updated, not
+  back-propagated. Eval never changes them. Not synchronised across data-parallel replicas.
+* Cost: the centroid scores are 2MKC and the clusters 2Kw²C ≈ 2MwC; with the default K = ⌈√M⌉
+  both are O(M^1.5), the paper's complexity (so ``linear_cost`` is False).
+* Padding: nothing is padded. Clusters are chosen by top-w over the M real tokens, so K·w >= M
+  always; ``pad: false`` instead requires K to divide M exactly.
+* Prefix tokens (class token): every grid query also attends to the P prefix keys (merged by
+  logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._buckets import (attend_pieces, attend_pieces_flops, dense_parts, gather_tokens, prefix_part,
+                                       scatter_combine, split_prefix)
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+
+
+@dataclass
+class RoutingConfig:
+    num_clusters: Optional[int] = None  # centroids K per head; null = ⌈√M⌉ for M grid tokens at construction
+    decay: float = 0.999  # EMA decay of the centroid update in training, in (0, 1)
+    pad: bool = True  # allow K not dividing M (cluster size ⌈M/K⌉); false = error when it does not divide
+
+    def __post_init__(self):
+        if self.num_clusters is not None:
+            check_positive(self, "num_clusters")
+        check(isinstance(self.decay, (int, float)) and 0.0 < self.decay < 1.0,
+              f"attention.decay must be in (0, 1) (got {self.decay!r})")
+
+
+@register_attention("routing", RoutingConfig)
+class RoutingAttention(QKVAttention):
+    """Attention within balanced k-means clusters. Cost ``4NC² + 2NKC + 2Kw²C + 4PNC``."""
+
+    formula = "4NC² + 2NKC + 2Kw²C + 4PNC"
+
+    def __init__(self, cfg: RoutingConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.num_clusters = cfg.num_clusters or math.ceil(math.sqrt(ctx.grid[0] * ctx.grid[1]))
+        self.cluster_size(ctx.grid)
+        g = torch.Generator().manual_seed(ctx.layer_index)
+        mu = F.normalize(torch.randn(self.num_heads, self.num_clusters, self.head_dim, generator=g), dim=-1)
+        self.register_buffer("centroids", mu)  # [h, K, d] unit vectors
+
+    def cluster_size(self, grid: Grid) -> int:
+        """Tokens w per cluster at ``grid`` (ConfigError when K is out of range or does not divide with pad off)."""
+        m, k = grid[0] * grid[1], self.num_clusters
+        check(k <= m, f"attention.num_clusters={k} is more than the {m} tokens of the {grid[0]}x{grid[1]} grid")
+        check(self.cfg.pad or m % k == 0,
+              f"attention.num_clusters={k} does not divide the {m} tokens of the {grid[0]}x{grid[1]} grid; "
+              f"set attention.pad=true or pick a divisor")
+        return math.ceil(m / k)
+
+    def route(self, q: Tensor, k: Tensor, w: int, update: bool = False) -> tuple[Tensor, Tensor]:
+        """Token indices ``[B, h, K, w]`` of the queries and of the keys of every cluster.
+
+        Args:
+            q, k: grid queries and keys ``[B, h, M, d]``.
+            w: cluster size.
+            update: take an EMA k-means step on the centroids afterwards (training).
+        """
+        qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        mu = self.centroids.transpose(-2, -1)  # [h, d, K]
+        aff_q, aff_k = qn @ mu, kn @ mu  # [B, h, M, K] each
+        if update:
+            self.update_centroids(torch.cat([qn, kn], 2), torch.cat([aff_q, aff_k], 2))
+        idx_q = aff_q.topk(w, dim=-2).indices.transpose(-2, -1)  # [B, h, K, w]
+        idx_k = aff_k.topk(w, dim=-2).indices.transpose(-2, -1)  # [B, h, K, w]
+        return idx_q, idx_k
+
+    @torch.no_grad()
+    def update_centroids(self, x: Tensor, aff: Tensor) -> None:
+        """EMA k-means step: ``x[B, h, T, d]`` unit vectors, ``aff[B, h, T, K]`` their centroid scores."""
+        B, h, _, d = x.shape
+        assign = aff.argmax(dim=-1)  # [B, h, T] nearest centroid
+        sums = x.new_zeros(B, h, self.num_clusters, d).scatter_add(2, assign.unsqueeze(-1).expand(-1, -1, -1, d), x)
+        counts = x.new_zeros(B, h, self.num_clusters).scatter_add(2, assign, torch.ones_like(assign, dtype=x.dtype))
+        sums, counts = sums.sum(0), counts.sum(0).unsqueeze(-1)  # [h, K, d], [h, K, 1]
+        mean = sums / counts.clamp_min(1)
+        moved = F.normalize(self.cfg.decay * self.centroids + (1 - self.cfg.decay) * mean, dim=-1)
+        self.centroids.copy_(torch.where(counts > 0, moved, self.centroids))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        P = self.num_prefix
+        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        idx_q, idx_k = self.route(qg, kg, self.cluster_size(grid), update=self.training)
+        qc = gather_tokens(qg, idx_q)  # [B, h, K, w, d]
+        kc, vc = gather_tokens(kg, idx_k), gather_tokens(vg, idx_k)  # [B, h, K, w, d]
+        out, lse = attend_pieces(qc, kc, vc, self.scale, drop=self.attn_drop)  # [B, h, K, w, d], [B, h, K, w]
+        extra = prefix_part(qg, kp, vp, self.scale, self.attn_drop) if P else None
+        out_g = scatter_combine(out, lse, idx_q, qg.shape[-2], extra)  # [B, h, M, d]
+        if not P:
+            return out_g
+        out_pre, _ = attend_pieces(qp, k, v, self.scale, drop=self.attn_drop)  # [B, h, P, d]
+        return torch.cat([out_pre, out_g], dim=2)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """Dense: key j counts for query i once per cluster holding i as a query and j as a key."""
+        P = self.num_prefix
+        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        m = qg.shape[-2]
+        idx_q, idx_k = self.route(qg, kg, self.cluster_size(grid))
+        member_q = F.one_hot(idx_q, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h, M, K]
+        member_k = F.one_hot(idx_k, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h, M, K]
+        count = member_q @ member_k.transpose(-2, -1)  # [B, h, M, M] clusters shared by query i and key j
+        count = torch.cat([count, count.new_ones(*count.shape[:-1], P)], dim=-1)  # prefix keys once
+        scores = (qg @ torch.cat([kg, kp], 2).transpose(-2, -1)) * self.scale  # [B, h, M, M + P]
+        out = dense_parts(scores, count, torch.cat([vg, vp], 2))
+        if not P:
+            return out
+        return torch.cat([((qp @ k.transpose(-2, -1)) * self.scale).softmax(-1) @ v, out], dim=2)
+
+    def attend_flops(self, grid: Grid) -> int:
+        m, P, d, h, K = grid[0] * grid[1], self.num_prefix, self.head_dim, self.num_heads, self.num_clusters
+        w = self.cluster_size(grid)
+        # centroid scores of queries and of keys: qn @ mu and kn @ mu, M·d·K each per head
+        flops = 2 * h * m * d * K
+        # per cluster: q kᵀ (w·w·d) and attn v (w·w·d) per head
+        flops += h * attend_pieces_flops(K, w, w, d)
+        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
+        flops += h * attend_pieces_flops(1, m, P, d)
+        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
+        flops += h * attend_pieces_flops(1, P, P + m, d) if P else 0
+        return flops
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "K": self.num_clusters, "w": self.cluster_size(grid or self.grid),
+                "P": self.num_prefix}

@@ -1,0 +1,172 @@
+"""Sparse Sinkhorn attention: learned soft sorting of blocks.
+
+Paper: Tay, Bahri, Yang, Metzler and Juan, "Sparse Sinkhorn Attention", ICML 2020,
+https://arxiv.org/abs/2002.11296.
+
+* Blocks: the M grid tokens are cut into nb blocks of b tokens (zero-padded to nb·b).
+* Sorting network (a small learned net scoring block pairs): per head, the mean query of block i
+  and the mean key of block j go through two linear maps ``d -> s`` (shared by the heads), and
+  ``score_ij = <f(q̄_i), g(k̄_j)> / √s``.
+* Sinkhorn normalisation (differentiable): ``log R = score / temperature``, then ``iters`` rounds
+  of column then row normalisation in log space; ``R[nb, nb]`` is a soft permutation matrix.
+* Sorted blocks: ``K̃_i = Σ_j R_ij K_j`` and ``Ṽ_i = Σ_j R_ij V_j`` (block matmuls). Queries of
+  block i attend to the keys of their own block and of sorted block i ([B, h, nb, b, 2b] scores).
+  Gradients reach the sorting network through R.
+* Padding: pad keys of the local block are masked; a sorted slot t of block i carries weight
+  ``Σ_j R_ij·valid_j[t] = 1 - R_i,last`` where the last block is padded (its share of real keys),
+  added to its score as ``log`` weight. Without padding every weight is 1 (no bias).
+* Cost: 4NbC for the block attention and 2N·nb·C for the soft permutation, so O(N²/b); the
+  default b = ⌈√M⌉ makes both O(N^1.5) (``linear_cost`` is False).
+* Prefix tokens (class token): they are not sorted. Every grid query also attends to the P prefix
+  keys (merged by logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from vitzoo.attention import register_attention
+from vitzoo.attention._buckets import (attend_pieces, attend_pieces_flops, ceil_to, combine_parts, dense_parts,
+                                       pad_tokens, prefix_part, split_prefix)
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+
+MAX_ITERS = 100
+
+
+@dataclass
+class SinkhornConfig:
+    block_size: Optional[int] = None  # tokens per block b; null = ⌈√M⌉ for M grid tokens
+    sort_dim: int = 16  # width s of the sorting network's block embeddings
+    iters: int = 8  # Sinkhorn normalisation rounds, 1..100
+    temperature: float = 0.75  # divides the block-pair scores before Sinkhorn (lower = harder sort)
+    pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
+
+    def __post_init__(self):
+        if self.block_size is not None:
+            check_positive(self, "block_size")
+        check_positive(self, "sort_dim", "iters")
+        check(self.iters <= MAX_ITERS, f"attention.iters must be in 1..{MAX_ITERS} (got {self.iters})")
+        check(isinstance(self.temperature, (int, float)) and self.temperature > 0,
+              f"attention.temperature must be a positive number (got {self.temperature!r})")
+
+
+@register_attention("sinkhorn", SinkhornConfig)
+class SinkhornAttention(QKVAttention):
+    """Local block plus Sinkhorn-sorted block attention. Cost ``4NC² + 4NbC + 2N·nb·C + 4PNC`` (+ sorting net)."""
+
+    formula = "4NC² + 4NbC + 2N·nb·C + 4PNC"
+
+    def __init__(self, cfg: SinkhornConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.sort_q = nn.Linear(self.head_dim, cfg.sort_dim)  # block query embedding f
+        self.sort_k = nn.Linear(self.head_dim, cfg.sort_dim)  # block key embedding g
+        self.layout(ctx.grid)
+
+    def layout(self, grid: Grid) -> tuple[int, int]:
+        """Block size b and number of blocks nb at ``grid`` (ConfigError when b is out of range or does not divide)."""
+        m = grid[0] * grid[1]
+        b = self.cfg.block_size or math.ceil(math.sqrt(m))
+        check(b <= m, f"attention.block_size={b} is larger than the {m} tokens of the {grid[0]}x{grid[1]} grid")
+        check(self.cfg.pad or m % b == 0,
+              f"attention.block_size={b} does not divide the {m} tokens of the {grid[0]}x{grid[1]} grid; "
+              f"set attention.pad=true or pick a divisor")
+        return b, ceil_to(m, b) // b
+
+    def sort_matrix(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
+        """Soft permutation ``R[B, h, nb, nb]`` from blocks ``qb, kb[B, h, nb, b, d]`` (zero-padded, m real tokens)."""
+        nb, b = qb.shape[2], qb.shape[3]
+        count = (torch.arange(nb * b, device=qb.device) < m).view(nb, b).sum(-1, keepdim=True)  # [nb, 1] real tokens
+        q_mean, k_mean = qb.sum(-2) / count, kb.sum(-2) / count  # [B, h, nb, d]
+        scores = self.sort_q(q_mean) @ self.sort_k(k_mean).transpose(-2, -1)  # [B, h, nb, nb]
+        log_r = scores / (math.sqrt(self.cfg.sort_dim) * self.cfg.temperature)
+        for _ in range(self.cfg.iters):
+            log_r = log_r - log_r.logsumexp(dim=-2, keepdim=True)  # columns sum to 1
+            log_r = log_r - log_r.logsumexp(dim=-1, keepdim=True)  # rows sum to 1
+        return log_r.exp()
+
+    def block_bias(self, r: Tensor, b: int, m: int) -> Tensor:
+        """Additive bias ``[B, h, nb, 1, 2b]`` of the local and sorted keys of every block.
+
+        Pad keys of the local block are masked; sorted slot t of block i gets ``log(1 - R_i,last)``
+        when slot t of the last block is padding (its share of real keys), 0 otherwise.
+
+        Args:
+            r: soft permutation ``[B, h, nb, nb]``.
+            b: block size.
+            m: real grid tokens.
+        """
+        nb = r.shape[-1]
+        pad = torch.arange(nb * b, device=r.device).view(nb, b) >= m  # [nb, b] pad tokens (last block only)
+        local = torch.zeros(nb, b, dtype=r.dtype, device=r.device).masked_fill(pad, float("-inf"))
+        if nb * b > m:
+            slots = (1 - r[..., -1:] * pad[-1].to(r.dtype)).log()  # [B, h, nb, b]
+        else:
+            slots = torch.zeros_like(local)
+        return torch.cat([local.expand_as(slots), slots], dim=-1).unsqueeze(-2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        P = self.num_prefix
+        b, nb = self.layout(grid)
+        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        m = qg.shape[-2]
+        qb, kb, vb = (pad_tokens(t, nb * b).unflatten(-2, (nb, b)) for t in (qg, kg, vg))  # [B, h, nb, b, d]
+        r = self.sort_matrix(qb, kb, m)  # [B, h, nb, nb]
+        ks = (r @ kb.flatten(-2)).view_as(kb)  # [B, h, nb, b·d] -> [B, h, nb, b, d] sorted blocks
+        vs = (r @ vb.flatten(-2)).view_as(vb)
+        bias = self.block_bias(r, b, m)  # [B, h, nb, 1, 2b]
+        out, lse = attend_pieces(qb, torch.cat([kb, ks], -2), torch.cat([vb, vs], -2), self.scale, bias,
+                                 self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
+        out, lse = out.flatten(2, 3)[..., :m, :], lse.flatten(2)[..., :m]  # [B, h, M, d], [B, h, M]
+        if not P:
+            return out
+        out_p, lse_p = prefix_part(qg, kp, vp, self.scale, self.attn_drop)
+        out_g = combine_parts(torch.stack([out, out_p], 2), torch.stack([lse, lse_p], 2), dim=2)  # [B, h, M, d]
+        out_pre, _ = attend_pieces(qp, k, v, self.scale, drop=self.attn_drop)  # [B, h, P, d]
+        return torch.cat([out_pre, out_g], dim=2)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """Dense: sorted keys ``(R ⊗ I_b)K`` as extra slots, same-block mask, slot weights ``(R ⊗ I_b)·valid``."""
+        P = self.num_prefix
+        b, nb = self.layout(grid)
+        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        m, length = qg.shape[-2], nb * b
+        kpad, vpad = pad_tokens(kg, length), pad_tokens(vg, length)  # [B, h, L, d]
+        r = self.sort_matrix(pad_tokens(qg, length).unflatten(-2, (nb, b)), kpad.unflatten(-2, (nb, b)), m)
+        perm = torch.kron(r, torch.eye(b, dtype=q.dtype))  # [B, h, L, L] token-level soft permutation
+        valid = (torch.arange(length) < m).to(q.dtype)  # [L] real keys
+        block = torch.arange(length) // b
+        same = (block[:m, None] == block[None, :]).to(q.dtype)  # [M, L] query block == key (or slot) block
+        w_local = (same * valid).expand(*r.shape[:2], -1, -1)  # [B, h, M, L]
+        w_sorted = same * (perm @ valid).unsqueeze(-2)  # [B, h, M, L] slot weight Σ_j R_ij valid_j
+        weight = torch.cat([w_local, w_sorted, w_local.new_ones(*w_local.shape[:-1], P)], dim=-1)  # [B, h, M, 2L + P]
+        keys = torch.cat([kpad, perm @ kpad, kp], dim=-2)  # [B, h, 2L + P, d]
+        values = torch.cat([vpad, perm @ vpad, vp], dim=-2)
+        out = dense_parts((qg @ keys.transpose(-2, -1)) * self.scale, weight, values)  # [B, h, M, d]
+        if not P:
+            return out
+        return torch.cat([((qp @ k.transpose(-2, -1)) * self.scale).softmax(-1) @ v, out], dim=2)
+
+    def attend_flops(self, grid: Grid) -> int:
+        b, nb = self.layout(grid)
+        m, P, d, h, s = grid[0] * grid[1], self.num_prefix, self.head_dim, self.num_heads, self.cfg.sort_dim
+        # sorting network: sort_q and sort_k linears on the block means (nb·d·s each per head)
+        flops = 2 * h * nb * d * s
+        # block-pair scores f(q̄) @ g(k̄)ᵀ: nb·nb·s per head
+        flops += h * nb * nb * s
+        # soft permutation R @ K and R @ V: nb·nb·(b·d) each per head
+        flops += 2 * h * nb * nb * b * d
+        # per block: q kᵀ (b·2b·d) and attn v (b·2b·d) against local + sorted block, per head
+        flops += h * attend_pieces_flops(nb, b, 2 * b, d)
+        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
+        flops += h * attend_pieces_flops(1, m, P, d)
+        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
+        flops += h * attend_pieces_flops(1, P, P + m, d) if P else 0
+        return flops
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        b, nb = self.layout(grid or self.grid)
+        return {**super().symbols(grid), "b": b, "nb": nb, "P": self.num_prefix}
