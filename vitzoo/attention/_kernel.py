@@ -20,6 +20,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -31,11 +32,10 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[floa
         v: values ``[B, h, N, d]``.
         eps: if given, the normaliser is clamped to at least ``eps`` (feature maps that can go negative).
     """
-    kv = phi_k.transpose(-2, -1) @ v  # φ(K)ᵀV [B, h, m, d]: N·m·d per head
-    z = phi_k.sum(dim=-2).unsqueeze(-1)  # φ(K)ᵀ1 [B, h, m, 1]: a reduction, free
-    num = phi_q @ kv  # [B, h, N, d]: N·m·d per head
-    den = phi_q @ z  # [B, h, N, 1]: N·m per head
-    return num / _floor(den, eps)
+    v1 = F.pad(v, (0, 1), value=1.0)  # [V | 1] [B, h, N, d+1]: φ(K)ᵀ1 rides along with φ(K)ᵀV
+    kvz = phi_k.transpose(-2, -1) @ v1  # [φ(K)ᵀV | φ(K)ᵀ1] [B, h, m, d+1]: N·m·(d+1) per head
+    out = phi_q @ kvz  # [φ(Q)(φ(K)ᵀV) | φ(Q)(φ(K)ᵀ1)] [B, h, N, d+1]: N·m·(d+1) per head
+    return out[..., :-1] / _floor(out[..., -1:], eps)
 
 
 def kernel_attention_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[float] = None) -> Tensor:
@@ -48,11 +48,14 @@ def kernel_attention_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Opt
 
 
 def kernel_attention_flops(heads: int, n: int, features: int, head_dim: int) -> int:
-    """MACs of :func:`kernel_attention` for one image: ``h·(2·N·m·d + N·m)``."""
-    kv = n * features * head_dim  # φ(K)ᵀV
-    num = n * features * head_dim  # φ(Q)·(φ(K)ᵀV)
-    den = n * features  # φ(Q)·(φ(K)ᵀ1)
-    return heads * (kv + num + den)
+    """MACs of :func:`kernel_attention` for one image: ``2·h·N·m·(d+1)``.
+
+    The normaliser is computed by the same matmuls as the numerator (a ones column appended to V),
+    one pass over the features instead of two matrix-vector products.
+    """
+    kvz = n * features * (head_dim + 1)  # φ(K)ᵀ[V | 1]
+    out = n * features * (head_dim + 1)  # φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1]
+    return heads * (kvz + out)
 
 
 def _floor(den: Tensor, eps: Optional[float]) -> Tensor:

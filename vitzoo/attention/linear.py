@@ -37,21 +37,21 @@ class LinearConfig:
 
 @register_attention("linear", LinearConfig)
 class LinearAttention(QKVAttention):
-    """Kernel attention with ``φ = elu + 1``. Cost ``4NC² + 2NdC + NC`` (d = C/h).
+    """Kernel attention with ``φ = elu + 1``. Cost ``4NC² + 2NdC + 2NC`` (d = C/h).
 
     Args:
         cfg: LinearConfig (validated options, see ``configs/attention/linear.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
-    formula = "4NC² + 2NdC + NC"
+    formula = "4NC² + 2NdC + 2NC"
     linear_cost = True
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         return kernel_attention(elu_features(q), elu_features(k), v)
 
     def attend_flops(self, grid: Grid) -> int:
-        # φ(K)ᵀV: N·d·d, φ(Q)(φ(K)ᵀV): N·d·d, normaliser φ(Q)(φ(K)ᵀ1): N·d, per head
+        # φ(K)ᵀ[V | 1]: N·d·(d+1), φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1]: N·d·(d+1) per head -> 2NdC + 2NC
         return kernel_attention_flops(self.num_heads, self.seq_len(grid), self.head_dim, self.head_dim)
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

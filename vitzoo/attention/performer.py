@@ -57,21 +57,45 @@ def favor_features(x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
     """
     x = x * x.shape[-1] ** -0.25  # split 1/√d between q and k
     proj = x @ omega.transpose(-2, -1)  # ωx [B, h, N, m]: N·d·m per head
-    expo = proj - x.square().sum(dim=-1, keepdim=True) / 2  # ωx - ‖x‖²/2 [B, h, N, m]
-    dims = (-1,) if is_query else (-2, -1)
-    return torch.exp(expo - expo.detach().amax(dim=dims, keepdim=True))  # largest feature is exactly 1
+    half_sq = x.square().sum(dim=-1, keepdim=True) / 2  # ‖x‖²/2 [B, h, N, 1]
+    # largest exponent per row is max_m(ωx) - ‖x‖²/2 (the norm is constant along the row), so the
+    # stabiliser costs one pass over the features; it is detached and cancels in the ratio
+    top = (proj.detach().amax(dim=-1, keepdim=True) - half_sq.detach())  # [B, h, N, 1]
+    if not is_query:
+        top = top.amax(dim=-2, keepdim=True)  # one constant per (image, head) for keys [B, h, 1, 1]
+    return ExpShift.apply(proj, half_sq + top)  # largest feature is exactly 1
+
+
+class ExpShift(torch.autograd.Function):
+    """``exp(proj - shift)`` for ``proj[..., N, m]`` and ``shift[..., N, 1]`` in two passes over N×m.
+
+    Autograd's version also writes ``-grad`` for the broadcast subtraction; here the shift's gradient
+    is the row sum of the projection's gradient, and the forward works in place on a fresh tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, proj: Tensor, shift: Tensor) -> Tensor:
+        phi = (proj - shift).exp_()
+        ctx.save_for_backward(phi)
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        (phi,) = ctx.saved_tensors
+        grad_proj = grad * phi  # d exp(u) = exp(u) du
+        return grad_proj, -grad_proj.sum(dim=-1, keepdim=True)
 
 
 @register_attention("performer", PerformerConfig)
 class PerformerAttention(QKVAttention):
-    """FAVOR+ attention. Cost ``4NC² + 2NmC + 2NmC + hNm``.
+    """FAVOR+ attention. Cost ``4NC² + 2NmC + 2NmC + 2hNm``.
 
     Args:
         cfg: PerformerConfig (validated options, see ``configs/attention/performer.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
-    formula = "4NC² + 2NmC + 2NmC + hNm"
+    formula = "4NC² + 2NmC + 2NmC + 2hNm"
     linear_cost = True
 
     def __init__(self, cfg: PerformerConfig, ctx: MixerContext):
@@ -86,7 +110,7 @@ class PerformerAttention(QKVAttention):
         n, m, d = self.seq_len(grid), self.cfg.num_features, self.head_dim
         # feature projections Q·ωᵀ and K·ωᵀ: N·d·m each per head -> 2NmC
         features = 2 * self.num_heads * n * d * m
-        # φ(K)ᵀV: N·m·d, φ(Q)(φ(K)ᵀV): N·m·d (-> 2NmC), normaliser φ(Q)(φ(K)ᵀ1): N·m, per head
+        # φ(K)ᵀ[V | 1]: N·m·(d+1), φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1]: N·m·(d+1) per head -> 2NmC + 2hNm
         return features + kernel_attention_flops(self.num_heads, n, m, d)
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

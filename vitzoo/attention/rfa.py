@@ -65,14 +65,14 @@ def fourier_features(x: Tensor, scale: Tensor, omega: Tensor) -> Tensor:
 
 @register_attention("rfa", RFAConfig)
 class RFAAttention(QKVAttention):
-    """Random Feature Attention. Cost ``4NC² + 2NDC + 4NDC + 2hND``.
+    """Random Feature Attention. Cost ``4NC² + 2NDC + 4NDC + 4hND``.
 
     Args:
         cfg: RFAConfig (validated options, see ``configs/attention/rfa.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
-    formula = "4NC² + 2NDC + 4NDC + 2hND"
+    formula = "4NC² + 2NDC + 4NDC + 4hND"
     linear_cost = True
 
     def __init__(self, cfg: RFAConfig, ctx: MixerContext):
