@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Throughput, latency, memory and FLOPs of vitzoo's attention backends, and the reference comparisons.
+
+Examples (from the repository root):
+
+    # everything: models (vit_cifar, swin_cifar x every backend), timm references, layer scaling, goals
+    python scripts/benchmark.py
+    # only the single-layer scaling at 256..16384 tokens
+    python scripts/benchmark.py --mode layers
+    # a few backends, ImageNet-size models, on GPU with bf16 autocast and torch.compile
+    python scripts/benchmark.py --mode models --attention global,window,performer \
+        --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
+
+Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers``,
+``references`` and ``goals`` as ``.csv`` and ``.md``, ``report.md`` with all of them,
+``layer_scaling.png``, ``environment.json`` (versions, CPU/GPU, threads, load, options) and
+``results.json`` (every row). See :mod:`vitzoo.bench` for how each number is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vitzoo.bench import BenchOptions, run_benchmark  # noqa: E402
+
+
+def _list(kind):
+    def parse(text: str):
+        return [kind(t) for t in text.split(",") if t.strip()]
+
+    return parse
+
+
+def parse_args(argv=None) -> BenchOptions:
+    d = BenchOptions()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--mode", choices=["all", "models", "layers"], default=d.mode,
+                   help="models: full networks; layers: one attention layer versus tokens; all: both")
+    p.add_argument("--attention", type=_list(str), default=None,
+                   help="comma-separated backends (default: every registered backend, vitzoo.list_attention())")
+    p.add_argument("--models", type=_list(str), default=d.models, help="comma-separated model variants")
+    p.add_argument("--img-size", dest="img_sizes", type=_list(int), default=d.img_sizes,
+                   help="comma-separated input sides (default: each model's own)")
+    p.add_argument("--batch", dest="batches", type=_list(int), default=d.batches, help="comma-separated batch sizes")
+    p.add_argument("--tokens", type=_list(int), default=d.tokens, help="layer mode: token counts (squares)")
+    p.add_argument("--layer-dim", type=int, default=d.layer_dim, help="layer mode: channels C")
+    p.add_argument("--layer-heads", type=int, default=d.layer_heads, help="layer mode: heads")
+    p.add_argument("--layer-batch", type=int, default=d.layer_batch, help="layer mode: batch")
+    p.add_argument("--layer-prefix", type=int, default=d.layer_prefix, help="layer mode: prefix (class) tokens")
+    p.add_argument("--layer-window", type=int, default=d.layer_window,
+                   help="layer mode: natural window side for backends whose window option is null")
+    p.add_argument("--no-references", dest="references", action="store_false",
+                   help="skip timm / performer-pytorch / linformer / natten comparisons")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="untimed calls before timing (at least 1)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed blocks; the median is reported")
+    p.add_argument("--min-time", type=float, default=d.min_time, help="target seconds per timed block")
+    p.add_argument("--max-time", type=float, default=d.max_time,
+                   help="cap on seconds per measurement (lowers --repeats, not below 3)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (default: torch's)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
+    p.add_argument("--amp", choices=["none", "bf16"], default=d.amp, help="autocast dtype")
+    p.add_argument("--compile", action="store_true", help="torch.compile the models/layers")
+    p.add_argument("--no-isolate", dest="isolate", action="store_false",
+                   help="run every configuration in this process (faster, memory numbers less clean)")
+    p.add_argument("--timeout", type=float, default=d.timeout, help="seconds per configuration before it is stopped")
+    p.add_argument("--mem-limit-gb", type=float, default=None,
+                   help="CPU: memory budget per configuration (default: 80%% of available memory)")
+    p.add_argument("--out", default=None, help="output folder (default: outputs/benchmark/<timestamp>)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    a = p.parse_args(argv)
+    try:
+        return BenchOptions(**vars(a))
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+def main(argv=None) -> int:
+    run_benchmark(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

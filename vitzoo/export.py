@@ -1,0 +1,83 @@
+"""Export a trained model as ``model.safetensors`` + ``config.json``, and load it back without Lightning.
+
+>>> from vitzoo.export import export_model, load_model
+>>> export_model(model, "run/export", data={"img_size": 32, "mean": [...], "std": [...]})
+>>> model = load_model("run/export")          # or the .safetensors file, or config.json
+
+``config.json`` holds the variant, every option of its config dataclass, the attention spec and
+(optionally) the preprocessing the model was trained with, so inference needs only vitzoo.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from safetensors.torch import load_model as _load_safetensors
+from safetensors.torch import save_model as _save_safetensors
+from torch import nn
+
+from vitzoo.attention import ATTENTION
+from vitzoo.flops import attention_layers
+from vitzoo.models import create_model, model_kwargs
+from vitzoo.registry import ConfigError
+
+WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
+
+
+def attention_spec(model: nn.Module) -> dict[str, Any]:
+    """``{"name": ..., **options}`` of the token mixer of a built vitzoo model (every block shares it)."""
+    for _, layer in attention_layers(model):
+        return ATTENTION.to_dict(layer.cfg)
+    raise ValueError(f"{type(model).__name__} has no vitzoo token mixer")
+
+
+def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dict[str, Any]] = None) -> Path:
+    """Write ``out_dir/model.safetensors`` and ``out_dir/config.json``; return ``out_dir``.
+
+    Args:
+        model: a model from :func:`vitzoo.create_model` (it knows its ``variant`` and ``cfg``).
+        out_dir: folder to write (created).
+        data: preprocessing facts to keep with the weights (img_size, mean, std, classes).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
+              "attention": attention_spec(model), "data": data or {}}
+    _save_safetensors(model, str(out / WEIGHTS))
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def _paths(path: Union[str, Path]) -> tuple[Path, Path]:
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    if not folder.exists() and not p.exists():
+        raise ConfigError(f"export path {p} does not exist")
+    weights, config = folder / WEIGHTS, folder / CONFIG
+    if p.suffix == ".safetensors":
+        weights = p
+    for f in (weights, config):
+        if not f.is_file():
+            raise ConfigError(f"export path {p}: missing {f.name} (expected {WEIGHTS} and {CONFIG} side by side)")
+    return weights, config
+
+
+def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
+    """Rebuild an exported model in eval mode, without Lightning.
+
+    Args:
+        path: the export folder, its ``model.safetensors`` or its ``config.json``.
+        map_location: device for the weights.
+
+    The returned module has ``export_config`` (the parsed ``config.json``: preprocessing under ``data``).
+    """
+    weights, config_file = _paths(path)
+    config = json.loads(config_file.read_text())
+    if config.get("format") != FORMAT:
+        raise ConfigError(f"{config_file} is not a vitzoo export (format {config.get('format')!r}, expected {FORMAT!r})")
+    model = create_model(config["model"], attention=config["attention"], **config["model_options"])
+    _load_safetensors(model, str(weights), strict=True, device=str(map_location))
+    model.to(map_location).eval()
+    model.export_config = config
+    return model

@@ -1,0 +1,95 @@
+"""Callbacks: training throughput (Lightning) and a sweep summary at the end of a multirun (Hydra)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytorch_lightning as pl
+import torch
+from hydra.experimental.callback import Callback as HydraCallback
+from omegaconf import DictConfig
+
+
+class ImagesPerSecond(pl.Callback):
+    """Training throughput in images/s: from the end of one step to the end of the next (data loading
+    included); the first step of an epoch or after validation counts from its own start. The run's
+    very first step (lazy initialisation) is not timed. Logs ``train/images_per_s`` once per epoch;
+    :attr:`images_per_s` is the average over the whole run.
+    """
+
+    def __init__(self) -> None:
+        self.images, self.seconds, self.steps = 0, 0.0, 0
+        self._epoch_images, self._epoch_seconds = 0, 0.0
+        self._last: Optional[float] = None
+        self._start = 0.0
+
+    @property
+    def images_per_s(self) -> Optional[float]:
+        return self.images / self.seconds if self.seconds > 0 else None
+
+    def _now(self, pl_module: pl.LightningModule) -> float:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        return time.perf_counter()
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last, self._epoch_images, self._epoch_seconds = None, 0, 0.0
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last = None  # validation time is not training time
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._start = self._now(pl_module)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        now = self._now(pl_module)
+        if self.steps > 0:
+            self._epoch_images += len(batch[0]) * trainer.world_size
+            self._epoch_seconds += now - (self._last if self._last is not None else self._start)
+        self.steps += 1
+        self._last = now
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.images += self._epoch_images
+        self.seconds += self._epoch_seconds
+        if self._epoch_seconds > 0:
+            pl_module.log("train/images_per_s", self._epoch_images / self._epoch_seconds, on_epoch=True)
+
+
+class SweepSummary(HydraCallback):
+    """Hydra callback: after a multirun, print one line per job from its ``results.json`` and exit
+    non-zero when any job failed (the failed jobs do not stop the sweep; see ``run_entry``)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        rows = [json.loads(p.read_text()) | {"dir": p.parent.name} for p in sorted(sweep_dir.glob("*/results.json"), key=_job_order)]
+        if not rows:
+            return
+        table = Table(title=f"sweep {sweep_dir}")
+        for col in ("job", "status", "model", "attention", "data", "val acc", "train img/s", "GMACs"):
+            table.add_column(col, no_wrap=True)
+        for r in rows:
+            acc, ips, gmacs = r.get("best_val_acc"), r.get("train_images_per_s"), r.get("gmacs")
+            table.add_row(r["dir"], r.get("status", "?"), str(r.get("model")), str(r.get("attention")), str(r.get("data")),
+                          f"{acc:.4f}" if acc is not None else "-", f"{ips:.0f}" if ips else "-",
+                          f"{gmacs:.3f}" if gmacs is not None else "-")
+        console = Console()
+        console.print(table)
+        for r in rows:
+            if r.get("error"):
+                console.print(f"{r['dir']}: {r['error']}", soft_wrap=True)
+        failed = [r["dir"] for r in rows if r.get("status") != "finished"]
+        if failed:
+            raise SystemExit(f"{len(failed)} of {len(rows)} jobs failed: {', '.join(failed)} (see their results.json)")
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    """Job folders ``<num>_<name>`` in job-number order (2 before 10)."""
+    num = path.parent.name.split("_")[0]
+    return (int(num) if num.isdigit() else -1, path.parent.name)

@@ -1,0 +1,279 @@
+"""Lightning DataModules: ``digits`` (offline default), ``cifar10`` / ``cifar100`` (torchvision) and
+``imagefolder`` (ImageNet layout: ``train/<class>/*`` and ``val/<class>/*``).
+
+Augmentation: at small sizes (``img_size <= 64``) random crop with padding ``img_size // 8`` (4 px at
+32 px) and horizontal flip; at larger sizes timm's ``create_transform`` (random resized crop, flip,
+optional RandAugment). Validation images are only resized and normalised.
+
+Every problem a user can fix (missing folder, offline download) is a one-line
+:class:`~vitzoo.registry.ConfigError` naming the option (``data.root``, ``data.download``), raised by
+``prepare_data``/``setup`` before training starts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import pytorch_lightning as pl
+import torch
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision.transforms import v2
+
+from vitzoo.registry import ConfigError
+
+SMALL_IMAGE = 64  # at or below this side, crop+flip augmentation; above it, timm's create_transform
+
+
+def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], train: bool, flip: bool = True,
+                    auto_augment: Optional[str] = None, crop_pct: Optional[float] = None,
+                    use_timm: Optional[bool] = None) -> Callable:
+    """Image (PIL or ``[3, H, W]`` tensor in [0, 1]) -> normalised ``[3, img_size, img_size]`` float tensor.
+
+    Args:
+        img_size: output side in pixels.
+        mean, std: per-channel normalisation.
+        train: training augmentation (crop/flip, or timm's random resized crop) instead of eval resizing.
+        flip: random horizontal flip while training (off for digits).
+        auto_augment: timm policy string (e.g. ``rand-m9-mstd0.5-inc1``), used above :data:`SMALL_IMAGE` px.
+        crop_pct: eval centre-crop fraction for the timm path (None: timm's default 0.875).
+        use_timm: timm's transform (PIL input) or the small-image path (PIL or tensor); None: by ``img_size``.
+    """
+    if use_timm if use_timm is not None else img_size > SMALL_IMAGE:
+        from timm.data import create_transform
+
+        return create_transform(img_size, is_training=train, mean=tuple(mean), std=tuple(std), hflip=0.5 if flip else 0.0,
+                                auto_augment=auto_augment, crop_pct=crop_pct, interpolation="bicubic")
+    steps: list[Any] = [v2.ToImage(), v2.Resize((img_size, img_size), antialias=True)]
+    if train:
+        steps.append(v2.RandomCrop(img_size, padding=img_size // 8))
+        if flip:
+            steps.append(v2.RandomHorizontalFlip())
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    return v2.Compose(steps)
+
+
+class Transformed(Dataset):
+    """``(image, label)`` pairs of ``base`` with ``transform`` applied to the image.
+
+    Args:
+        base: a dataset of ``(image, label)``.
+        transform: applied to every image.
+    """
+
+    def __init__(self, base: Dataset, transform: Callable):
+        self.base, self.transform = base, transform
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int):
+        image, label = self.base[i]
+        return self.transform(image), label
+
+
+class TensorImages(Dataset):
+    """In-memory images ``[N, 3, H, W]`` in [0, 1] with integer labels ``[N]``."""
+
+    def __init__(self, images: Tensor, labels: Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+
+def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of a fixed, class-balanced train/val split (same seed -> same split)."""
+    if not 0 < val_fraction < 1:
+        raise ConfigError(f"data.val_fraction must be in (0, 1) (got {val_fraction})")
+    idx = list(range(len(targets)))
+    train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
+    return sorted(train_idx), sorted(val_idx)
+
+
+class ImageDataModule(pl.LightningDataModule):
+    """What every vitzoo DataModule shares: loaders, transforms, ``num_classes``.
+
+    Subclasses implement :meth:`load` returning ``(train, val, classes)`` datasets of untransformed
+    ``(image, label)`` pairs.
+
+    Args:
+        name: data set name recorded in results (``digits``, ``cifar10`` …).
+        img_size: side of the images fed to the model (the configs follow ``model.img_size``).
+        batch_size: images per step (per device).
+        num_workers: DataLoader worker processes.
+        mean, std: per-channel normalisation.
+        num_classes: expected number of classes (None: whatever the data has).
+        seed: seed of the train/val split.
+        val_fraction: share of the training set held out when the data has no validation split.
+        augment: training augmentation on (crop/flip or timm's transform).
+        flip: random horizontal flip in the augmentation.
+        auto_augment: timm auto-augment policy for large images (None: off).
+        crop_pct: eval centre-crop fraction for large images (None: timm's default).
+        root: data folder (where the subclass uses one).
+        download: allow downloading (torchvision data sets).
+    """
+
+    def __init__(self, name: str, img_size: int = 32, batch_size: int = 128, num_workers: int = 0,
+                 mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
+                 num_classes: Optional[int] = None, seed: int = 0, val_fraction: float = 0.1, augment: bool = True,
+                 flip: bool = True, auto_augment: Optional[str] = None, crop_pct: Optional[float] = None,
+                 root: Optional[str] = None, download: bool = False, pin_memory: bool = False):
+        super().__init__()
+        self.name, self.img_size, self.batch_size, self.num_workers = name, int(img_size), int(batch_size), int(num_workers)
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.expected_classes, self.seed, self.val_fraction = num_classes, seed, val_fraction
+        self.augment, self.flip, self.auto_augment, self.crop_pct = augment, flip, auto_augment, crop_pct
+        self.root = Path(root).expanduser() if root is not None else None
+        self.download, self.pin_memory = download, pin_memory
+        self.classes: list[str] = []
+        self.train_set: Optional[Dataset] = None
+        self.val_set: Optional[Dataset] = None
+        if self.batch_size <= 0:
+            raise ConfigError(f"data.batch_size must be a positive integer (got {batch_size})")
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers must be >= 0 (got {num_workers})")
+
+    use_timm: Optional[bool] = None  # None: timm's transform above SMALL_IMAGE px
+
+    # -- subclasses --------------------------------------------------------------------------------
+    def load(self) -> tuple[Dataset, Dataset, list[str]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------------------------------
+    def transform(self, train: bool) -> Callable:
+        return build_transform(self.img_size, self.mean, self.std, train and self.augment, flip=self.flip,
+                               auto_augment=self.auto_augment, crop_pct=self.crop_pct, use_timm=self.use_timm)
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is not None:
+            return  # idempotent: train() sets up before fit to fail early, Lightning calls it again
+        train, val, self.classes = self.load()
+        if self.expected_classes is not None and int(self.expected_classes) != len(self.classes):
+            raise ConfigError(f"data.num_classes={self.expected_classes} but {self.name} has {len(self.classes)} classes; "
+                              f"set data.num_classes={len(self.classes)}")
+        self.train_set = Transformed(train, self.transform(train=True))
+        self.val_set = Transformed(val, self.transform(train=False))
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (after :meth:`setup`; before it, the configured value)."""
+        return len(self.classes) if self.classes else int(self.expected_classes or 0)
+
+    def loader(self, dataset: Optional[Dataset], train: bool) -> DataLoader:
+        assert dataset is not None, "call setup() first"
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train and len(dataset) > self.batch_size,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                          pin_memory=self.pin_memory)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(self.val_set, train=False)
+
+    def describe(self) -> dict[str, Any]:
+        """Plain-data preprocessing facts stored with exported models."""
+        return {"name": self.name, "img_size": self.img_size, "mean": list(self.mean), "std": list(self.std),
+                "classes": list(self.classes)}
+
+    def require_root(self) -> Path:
+        if self.root is None:
+            raise ConfigError(f"data.root is not set for data={self.name}")
+        return self.root.resolve()
+
+
+class DigitsDataModule(ImageDataModule):
+    """scikit-learn's 1,797 handwritten digits (8x8 grey, bundled: no download), upsampled to
+    ``img_size`` and repeated to 3 channels; a fixed, class-balanced train/val split."""
+
+    use_timm = False  # images are already tensors at img_size: crop (and flip) only, at any size
+
+    def load(self) -> tuple[Dataset, Dataset, list[str]]:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # [N, 1, 8, 8] in [0, 1]
+        images = torch.nn.functional.interpolate(images, size=(self.img_size, self.img_size), mode="bilinear",
+                                                 align_corners=False).clamp(0, 1)  # [N, 1, S, S]
+        images = images.expand(-1, 3, -1, -1).contiguous()  # [N, 3, S, S]
+        labels = torch.tensor(digits.target)
+        train_idx, val_idx = stratified_split(labels.tolist(), self.val_fraction, self.seed)
+        data = TensorImages(images, labels)
+        return Subset(data, train_idx), Subset(data, val_idx), [str(c) for c in digits.target_names]
+
+
+class CIFARDataModule(ImageDataModule):
+    """CIFAR-10 / CIFAR-100 through torchvision (train split for training, test split for validation).
+
+    ``data.download=true`` fetches the archive into ``data.root`` (needs network); offline, point
+    ``data.root`` at a folder holding ``cifar-10-batches-py`` / ``cifar-100-python``, or use
+    ``data=imagefolder`` with JPEG folders.
+    """
+
+    FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+    def dataset_class(self):
+        from torchvision.datasets import CIFAR10, CIFAR100
+
+        if self.name not in self.FOLDERS:
+            raise ConfigError(f"data.name={self.name} is not a CIFAR data set; choose cifar10 or cifar100")
+        return CIFAR10 if self.name == "cifar10" else CIFAR100
+
+    def prepare_data(self) -> None:
+        root, cls = self.require_root(), self.dataset_class()
+        if (root / self.FOLDERS[self.name]).is_dir():
+            return
+        if not self.download:
+            raise ConfigError(f"{self.name} not found under data.root={root} (no {self.FOLDERS[self.name]}/); "
+                              f"set data.download=true to fetch it or data.root to the folder that holds it")
+        created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
+        try:
+            cls(str(root), train=True, download=True)
+        except Exception as e:  # URLError, socket errors, HTTP errors: all mean the same to the user
+            for folder in created:  # leave no empty folders behind
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+            raise ConfigError(f"could not download {self.name} into data.root={root} ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'no network?'}); offline, put "
+                              f"{self.FOLDERS[self.name]}/ under data.root or use data=imagefolder") from None
+
+    def load(self) -> tuple[Dataset, Dataset, list[str]]:
+        self.prepare_data()
+        root, cls = str(self.require_root()), self.dataset_class()
+        try:
+            train, val = cls(root, train=True), cls(root, train=False)
+        except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+            raise ConfigError(f"{self.name} under data.root={root} is unreadable ({e}); "
+                              f"delete it and set data.download=true") from None
+        return train, val, list(train.classes)
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Folders in ImageNet layout: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg``.
+
+    Without ``val/``, a fixed, class-balanced ``data.val_fraction`` of ``train/`` (seeded by
+    ``data.seed``) is held out for validation.
+    """
+
+    def load(self) -> tuple[Dataset, Dataset, list[str]]:
+        from torchvision.datasets import ImageFolder
+
+        root = self.require_root()
+        train_dir, val_dir = root / "train", root / "val"
+        if not train_dir.is_dir():
+            hint = "" if root.is_dir() else " (the folder does not exist)"
+            raise ConfigError(f"data.root={root} has no train/ folder{hint}; point data.root at a folder with "
+                              f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)")
+        train = ImageFolder(str(train_dir))
+        if val_dir.is_dir():
+            val = ImageFolder(str(val_dir))
+            if val.classes != train.classes:
+                raise ConfigError(f"data.root={root}: val/ classes differ from train/ classes")
+            return train, val, list(train.classes)
+        train_idx, val_idx = stratified_split(train.targets, self.val_fraction, self.seed)
+        return Subset(train, train_idx), Subset(train, val_idx), list(train.classes)

@@ -1,0 +1,88 @@
+"""``evaluate(cfg)``: what ``python eval.py ckpt_path=…`` runs (configs/eval.yaml).
+
+The model is rebuilt from the checkpoint's own hyper-parameters; the data is the checkpoint's
+training data config unless ``data=<group>`` picks another (``+data.key=value`` changes one option
+of the checkpoint's data). Reports top-1, top-5, loss, inference images/s, params and GMACs,
+prints them and writes ``<checkpoint stem>.eval.json`` beside the checkpoint.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from rich.table import Table
+
+from vitzoo.export import attention_spec
+from vitzoo.flops import count_flops
+from vitzoo.registry import ConfigError
+from vitzoo.training.module import VitModule
+from vitzoo.training.train import build_datamodule
+from vitzoo.training.utils import (console, flops_table, peak_memory_mb, read_checkpoint, trainer_throughput,
+                                   write_traceback)
+
+
+def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
+    """The data config to evaluate on: ``data=<group>`` if given, else the checkpoint's, with ``+data.*`` on top."""
+    chosen = OmegaConf.to_container(cfg.data, resolve=False) if cfg.get("data") is not None else {}
+    saved = (ckpt.get("config") or {}).get("data")
+    if "_target_" not in chosen and saved is None:
+        raise ConfigError("the checkpoint has no saved data config; choose one with data=<digits|cifar10|...>")
+    base = {} if "_target_" in chosen else saved
+    # `${model.img_size}` in the data group resolves against the checkpoint's model
+    scope = OmegaConf.create({"model": ckpt["hyper_parameters"]["model"], "data": base})
+    return OmegaConf.merge(scope, {"data": chosen}).data
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Evaluate a checkpoint as configured; return (and write) the report."""
+    try:
+        return _evaluate(cfg)
+    except Exception as e:
+        if not isinstance(e, ConfigError) and cfg.get("paths"):
+            write_traceback(e, Path(cfg.paths.output_dir))
+        raise
+
+
+def _evaluate(cfg: DictConfig) -> dict[str, Any]:
+    pl.seed_everything(cfg.get("seed", 0), verbose=False)
+    ckpt = read_checkpoint(cfg.get("ckpt_path"))
+    path = Path(str(cfg.ckpt_path)).expanduser().resolve()
+    dm = build_datamodule(data_config(cfg, ckpt))
+    module = VitModule(**ckpt["hyper_parameters"])  # what load_from_checkpoint does, without reading the file again
+    module.load_state_dict(ckpt["state_dict"])
+    if dm.num_classes != module.net.cfg.num_classes:
+        raise ConfigError(f"data={dm.name} has {dm.num_classes} classes but the checkpoint's model has "
+                          f"{module.net.cfg.num_classes}; choose matching data")
+    model_name, attention_name = module.hparams.model["name"], attention_spec(module.net)["name"]
+    report = count_flops(module.net)
+    console.print(flops_table(report, f"{model_name} + attention={attention_name}"))
+
+    trainer = instantiate(cfg.trainer, logger=False, callbacks=[], enable_checkpointing=False, enable_model_summary=False)
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    bench = cfg.get("benchmark") or {}
+    infer = trainer_throughput(trainer, module.net, bench)
+    out = {"ckpt_path": str(path), "model": model_name, "attention": attention_name, "data": dm.name,
+           "num_val_images": len(dm.val_set), "val_acc": float(metrics["val/acc"]), "val_acc5": float(metrics["val/acc5"]),
+           "val_loss": float(metrics["val/loss"]), "infer_images_per_s": infer,
+           "infer_batch_size": bench.get("batch_size", 64), "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
+           "params": report.params, "gmacs": report.measured / 1e9, "gmacs_analytic": report.analytic / 1e9}
+    report_path = path.with_name(f"{path.stem}.eval.json")
+    report_path.write_text(json.dumps(out, indent=2) + "\n")
+    out["report_path"] = str(report_path)
+
+    table = Table(title=f"eval {path.name} on {dm.name} ({out['num_val_images']} images)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("val_acc", "val_acc5", "val_loss", "infer_images_per_s", "params", "gmacs", "gmacs_analytic"):
+        v = out[key]
+        table.add_row(key, f"{v:.4f}" if isinstance(v, float) else str(v))
+    console.print(table)
+    console.print(f"report -> {report_path}")
+    return out
+
+
+__all__ = ["data_config", "evaluate"]

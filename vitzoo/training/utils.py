@@ -1,0 +1,176 @@
+"""Shared by training and evaluation: results file, error lines, FLOPs table, inference timing."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import resource
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+from omegaconf import DictConfig
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+
+from vitzoo.flops import FlopReport
+from vitzoo.registry import ConfigError
+
+RESULT_KEYS = ("status", "model", "attention", "data", "best_val_acc", "best_val_acc5", "val_loss", "train_images_per_s",
+               "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic", "epochs", "best_ckpt",
+               "export_dir", "error")
+
+console = Console()
+
+
+class ResultsFile:
+    """``results.json`` of one run (the contract ``scripts/compare.py`` reads). Only rank 0 writes.
+
+    Args:
+        path: where to write.
+        **fields: initial values; every key of :data:`RESULT_KEYS` is present (None until known).
+    """
+
+    def __init__(self, path: Path, **fields: Any):
+        self.path = Path(path)
+        self.data: dict[str, Any] = {k: None for k in RESULT_KEYS}
+        self.update(**fields)
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        self.data.update(fields)
+        if rank_zero_only.rank == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+            tmp.replace(self.path)  # readers never see a half-written file
+        return self.data
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message; the type name too unless it is a ConfigError."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, ConfigError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def write_traceback(exc: BaseException, folder: Path) -> Optional[Path]:
+    """Save the full traceback of an unexpected error beside the run's results (rank 0)."""
+    if rank_zero_only.rank != 0:
+        return None
+    path = Path(folder) / "traceback.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return path
+
+
+def run_entry(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """Call ``task(cfg)`` from a ``@hydra.main`` entry point with user-facing error handling.
+
+    Single run: any error becomes a one-line message and exit status 1 (the traceback of an
+    unexpected error is in the run folder's ``traceback.txt``; ``HYDRA_FULL_ERROR=1`` re-raises).
+    Multirun: the failure is recorded in the job's ``results.json`` and the sweep continues.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        return task(cfg)
+    except Exception as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        hydra = HydraConfig.get() if HydraConfig.initialized() else None
+        message = f"error: {one_line(e)}"
+        if not isinstance(e, ConfigError) and hydra is not None:
+            message += f" (traceback: {Path(hydra.runtime.output_dir) / 'traceback.txt'})"
+        if hydra is not None and hydra.mode == RunMode.MULTIRUN:
+            print(message, file=sys.stderr)
+            return None
+        raise SystemExit(message) from None
+
+
+def read_checkpoint(path: Any) -> dict[str, Any]:
+    """Load a vitzoo training checkpoint (CPU, ``weights_only``), or raise a one-line ConfigError naming ``ckpt_path``."""
+    if path is None or str(path) in ("", "???"):
+        raise ConfigError("ckpt_path is required: python eval.py ckpt_path=<run>/checkpoints/<file>.ckpt")
+    p = Path(str(path)).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"ckpt_path={p} does not exist" + (" (it is a folder; give a .ckpt file)" if p.is_dir() else ""))
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise ConfigError(f"ckpt_path={p} is not a checkpoint ({type(e).__name__})") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model" not in ckpt.get("hyper_parameters", {}):
+        raise ConfigError(f"ckpt_path={p} is not a vitzoo training checkpoint (no state_dict/hyper_parameters.model)")
+    return ckpt
+
+
+def flops_table(report: FlopReport, title: str) -> Table:
+    """Rich table: params, then analytic and fvcore-measured GMACs for the model and every attention layer."""
+    table = Table(title=f"{title}: {report.params / 1e6:.3f} M params, {report.measured / 1e9:.4f} GMACs measured, "
+                        f"{report.analytic / 1e9:.4f} GMACs analytic (one image)")
+    table.add_column("layer")
+    table.add_column("formula")
+    table.add_column("analytic GMACs", justify="right")
+    table.add_column("measured GMACs", justify="right")
+    table.add_column("match")
+    for name, formula, analytic, measured in report.rows():
+        table.add_row(name, formula, f"{analytic / 1e9:.5f}", f"{measured / 1e9:.5f}", "yes" if analytic == measured else "NO")
+    return table
+
+
+@torch.inference_mode()
+def inference_throughput(model: nn.Module, batch_size: int = 64, img_size: Optional[int] = None, warmup: int = 3,
+                         steps: int = 10, device: Optional[torch.device] = None,
+                         context: Callable[[], ContextManager] = contextlib.nullcontext) -> float:
+    """Images/s of ``model`` in eval mode at a fixed batch of random images; warm-up steps are not timed.
+
+    Args:
+        model: a vitzoo backbone (moved to ``device`` and left there).
+        batch_size: images per forward pass.
+        img_size: input side (default: the model's).
+        warmup, steps: untimed and timed forward passes.
+        device: where to run (default: the model's device).
+        context: wraps the forward passes, e.g. the Trainer precision plugin's autocast.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    model.to(device)
+    s = img_size or model.cfg.img_size
+    x = torch.randn(batch_size, model.cfg.in_chans, s, s, device=device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    was = model.training
+    model.eval()
+    try:
+        with context():
+            for _ in range(warmup):
+                model(x)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                model(x)
+            sync()
+        return batch_size * steps / (time.perf_counter() - t0)
+    finally:
+        model.train(was)
+
+
+def trainer_throughput(trainer: Any, model: nn.Module, bench: Any) -> float:
+    """:func:`inference_throughput` on the Trainer's device and precision, sized by the ``benchmark`` config."""
+    bench = bench or {}
+    return inference_throughput(model, batch_size=bench.get("batch_size", 64), warmup=bench.get("warmup", 3),
+                                steps=bench.get("steps", 10), device=trainer.strategy.root_device,
+                                context=trainer.precision_plugin.forward_context)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated by torch on ``device``; on CPU the process's peak resident memory."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
