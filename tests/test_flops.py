@@ -165,14 +165,15 @@ def test_einsum_macs_follows_torch_order_and_path():
     assert einsum_macs("ij,jk", [(4, 5), (5, 6)]) == 4 * 5 * 6  # implicit output
 
 
-def test_every_formula_names_only_its_symbols(attention_name):
-    """The formula text evaluates with ``symbols(grid)`` (every name it uses is defined)."""
-    for grid, prefix in (((8, 8), 1), ((14, 14), 0)):
+def test_every_formula_evaluates_to_flops(attention_name):
+    """The formula text, evaluated with ``symbols(grid)``, equals ``flops(grid)`` exactly."""
+    for grid, prefix in (((8, 8), 1), ((14, 14), 0), ((6, 10), 0), ((5, 7), 1)):
         attn = make_attention(attention_name, grid, prefix)
         symbols = attn.symbols(grid)
         assert attn.formula and all(isinstance(v, int) for v in symbols.values()), symbols
         value = evaluate_formula(attn.formula, symbols)
         assert value is not None and value > 0, f"{attention_name}: {attn.formula!r} with {symbols}"
+        assert round(value) == attn.flops(grid), f"{attention_name} at {grid}+{prefix}: {attn.formula!r} with {symbols}"
 
 
 def test_evaluate_formula():

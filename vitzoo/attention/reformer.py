@@ -56,9 +56,9 @@ class ReformerConfig:
 
 @register_attention("reformer", ReformerConfig)
 class ReformerAttention(QKVAttention):
-    """LSH attention with shared QK over sorted chunks. Cost ``3NC² + n_h·(n_b/2)·NC + 4n_h·cNC + 4PNC``."""
+    """LSH attention with shared QK over sorted chunks. Cost ``3NC² + n_h·(n_b/2)·MC + 4n_h·cLC + 2PMC + 2PNC`` (M grid tokens, L padded to chunks)."""
 
-    formula = "3NC² + n_h·(n_b/2)·NC + 4n_h·cNC + 4PNC"
+    formula = "3NC² + n_h·(n_b/2)·MC + 4n_h·cLC + 2PMC + 2PNC"
     linear_cost = True
 
     def __init__(self, cfg: ReformerConfig, ctx: MixerContext):
@@ -203,6 +203,7 @@ class ReformerAttention(QKVAttention):
         return flops
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        c, _ = self.layout(grid or self.grid)
+        grid = grid or self.grid
+        c, length = self.layout(grid)  # L: grid tokens padded to a multiple of the chunk c
         return {**super().symbols(grid), "n_h": self.cfg.n_hashes, "n_b": self.cfg.n_buckets, "c": c,
-                "P": self.num_prefix}
+                "P": self.num_prefix, "M": grid[0] * grid[1], "L": length}

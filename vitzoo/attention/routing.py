@@ -53,9 +53,9 @@ class RoutingConfig:
 
 @register_attention("routing", RoutingConfig)
 class RoutingAttention(QKVAttention):
-    """Attention within balanced k-means clusters. Cost ``4NC² + 2NKC + 2Kw²C + 4PNC``."""
+    """Attention within balanced k-means clusters. Cost ``4NC² + 2MKC + 2Kw²C + 2PMC + 2PNC``."""
 
-    formula = "4NC² + 2NKC + 2Kw²C + 4PNC"
+    formula = "4NC² + 2MKC + 2Kw²C + 2PMC + 2PNC"
 
     def __init__(self, cfg: RoutingConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -147,5 +147,6 @@ class RoutingAttention(QKVAttention):
         return flops
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "K": self.num_clusters, "w": self.cluster_size(grid or self.grid),
-                "P": self.num_prefix}
+        grid = grid or self.grid
+        return {**super().symbols(grid), "K": self.num_clusters, "w": self.cluster_size(grid),
+                "P": self.num_prefix, "M": grid[0] * grid[1]}

@@ -15,7 +15,7 @@ https://arxiv.org/abs/2002.11296.
 * Padding: pad keys of the local block are masked; a sorted slot t of block i carries weight
   ``Σ_j R_ij·valid_j[t] = 1 - R_i,last`` where the last block is padded (its share of real keys),
   added to its score as ``log`` weight. Without padding every weight is 1 (no bias).
-* Cost: 4NbC for the block attention and 2N·nb·C for the soft permutation, so O(N²/b); the
+* Cost: 4LbC for the block attention and 2·nb·LC for the soft permutation, so O(N²/b); the
   default b = ⌈√M⌉ makes both O(N^1.5) (``linear_cost`` is False).
 * Prefix tokens (class token): they are not sorted. Every grid query also attends to the P prefix
   keys (merged by logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
@@ -56,9 +56,9 @@ class SinkhornConfig:
 
 @register_attention("sinkhorn", SinkhornConfig)
 class SinkhornAttention(QKVAttention):
-    """Local block plus Sinkhorn-sorted block attention. Cost ``4NC² + 4NbC + 2N·nb·C + 4PNC`` (+ sorting net)."""
+    """Local block plus Sinkhorn-sorted block attention. Cost ``4NC² + 4LbC + 2·nb·LC + 2·nb·sC + h·nb²·s + 2PMC + 2PNC`` (L padded grid tokens, s sort dim)."""
 
-    formula = "4NC² + 4NbC + 2N·nb·C + 4PNC"
+    formula = "4NC² + 4LbC + 2·nb·LC + 2·nb·sC + h·nb²·s + 2PMC + 2PNC"
 
     def __init__(self, cfg: SinkhornConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -168,5 +168,7 @@ class SinkhornAttention(QKVAttention):
         return flops
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        b, nb = self.layout(grid or self.grid)
-        return {**super().symbols(grid), "b": b, "nb": nb, "P": self.num_prefix}
+        grid = grid or self.grid
+        b, nb = self.layout(grid)  # L = nb·b: grid tokens padded to whole blocks
+        return {**super().symbols(grid), "b": b, "nb": nb, "P": self.num_prefix, "M": grid[0] * grid[1],
+                "L": nb * b, "s": self.cfg.sort_dim}

@@ -45,9 +45,13 @@ def relative_position_index(window: int) -> Tensor:
 
 @register_attention("window", WindowConfig)
 class WindowAttention(QKVAttention):
-    """W-MSA over windows of M×M tokens. Cost ``4NC² + 2M²NC`` with N the padded grid tokens."""
+    """W-MSA over windows of M×M tokens. Cost ``4NC² + 2M²NC`` with N the padded grid tokens.
 
-    formula = "4NC² + 2M²NC"
+    With P prefix tokens joining each of the nW windows (T = P + M² tokens per window) the cost is
+    ``nW·(4TC² + 2T²C)``, i.e. the extra ``nW·(4PC² + 4PM²C + 2P²C)``.
+    """
+
+    formula = "4NC² + 2M²NC + nW·(4PC² + 4PM²C + 2P²C)"
     windowed = True
     takes_bias = True
     linear_cost = True
@@ -111,4 +115,5 @@ class WindowAttention(QKVAttention):
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         hp, wp = padded_grid(grid or self.grid, self.window_size)
-        return {"N": hp * wp, "C": self.dim, "h": self.num_heads, "M": self.window_size}
+        nw = (hp // self.window_size) * (wp // self.window_size)
+        return {"N": hp * wp, "C": self.dim, "h": self.num_heads, "M": self.window_size, "P": self.num_prefix, "nW": nw}
