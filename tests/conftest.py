@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vitzoo.attention import MixerContext, build_attention, list_attention
 from vitzoo.layers.window import windowed_call
@@ -52,6 +53,26 @@ class _Reference:
 
     def __call__(self, x, grid, mask=None):
         return self.attn.reference(x, grid, mask=mask)
+
+
+class RecordShapes(TorchDispatchMode):
+    """Records ``(op, shape)`` of every tensor an op returns (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.shapes.append((str(func), tuple(t.shape)))
+        return out
+
+
+def token_by_token(shapes, n: int):
+    """The recorded tensors with two axes at least ``n // 2`` long (an N×N matrix or a large part of one)."""
+    return [(f, s) for f, s in shapes if sum(dim >= n // 2 for dim in s) >= 2]
 
 
 def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4, **overrides):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ATTENTION_NAMES, CONFIGS, Host, make_attention
+from conftest import ATTENTION_NAMES, CONFIGS, Host, RecordShapes, make_attention, token_by_token
 from vitzoo.attention import ConfigError, attention_config, list_attention
 from vitzoo.flops import flop_analysis
 
@@ -75,6 +75,17 @@ def test_linear_cost_measured_grows_linearly(name):
         with torch.no_grad():
             measured[side] = flop_analysis(host_for(attn, (side, side)), (x,)).by_module()["attn"]
     assert measured[64] <= 16 * measured[16] * 1.05, measured
+
+
+@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).linear_cost])
+def test_linear_cost_never_builds_a_token_by_token_matrix(name):
+    """At 32x32 + class token no op in forward or backward returns an N×N-sized tensor."""
+    grid, n = (32, 32), 1025
+    attn = make_attention(name, grid, 1)
+    x = torch.randn(1, n, 32, requires_grad=True)
+    with RecordShapes() as rec:
+        host_for(attn, grid, shifted=True)(x).sum().backward()
+    assert not token_by_token(rec.shapes, n), token_by_token(rec.shapes, n)[:3]
 
 
 def test_unknown_backend_and_options_are_errors():

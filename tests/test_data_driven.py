@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitzoo
-from conftest import attention_yaml, make_attention
+from conftest import RecordShapes, attention_yaml, make_attention, token_by_token
 from vitzoo.attention import ConfigError
 from vitzoo.flops import flop_analysis
 
@@ -42,31 +41,15 @@ class _Call(torch.nn.Module):
         return self.attn(x, self.grid)
 
 
-class _Shapes(TorchDispatchMode):
-    """Records the shape of every tensor an op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.shapes.append(tuple(t.shape))
-        return out
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_never_builds_a_token_by_token_matrix(name):
     """At 32x32 + class token no intermediate (forward or backward) has two axes >= N/2."""
     grid, n = (32, 32), 1025
     attn = make_attention(name, grid, 1)
     x = torch.randn(1, n, 32, requires_grad=True)
-    with _Shapes() as mode:
+    with RecordShapes() as rec:
         attn(x, grid).sum().backward()
-    big = [s for s in mode.shapes if sum(dim >= n // 2 for dim in s) >= 2]
-    assert not big, big[:3]
+    assert not token_by_token(rec.shapes, n), token_by_token(rec.shapes, n)[:3]
 
 
 @pytest.mark.parametrize("model", ["vit_cifar", "swin_cifar"])
