@@ -705,9 +705,13 @@ def model_job(job: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _ratios(row: dict[str, Any], phase: str, t: Mapping[str, Timing]) -> None:
-    """Speed ratio vitzoo/reference (reference time / vitzoo time) of the medians, and the range of the
-    ratios of the paired (back-to-back) blocks: a noise indicator."""
+def _time_against_reference(row: dict[str, Any], phase: str, fa, fb, setup) -> None:
+    """Time ``fa`` (vitzoo) and ``fb`` (reference) in alternating blocks and record, for ``phase``: both
+    median times, the speed ratio vitzoo/reference (reference time / vitzoo time) of the medians, and
+    the range of the ratios of the paired (back-to-back) blocks: a noise indicator."""
+    t = time_fns({"vitzoo": fa, "reference": fb}, setup.device, **setup.timing)
+    row[f"{phase}_ms_vitzoo"] = t["vitzoo"].median * 1e3
+    row[f"{phase}_ms_reference"] = t["reference"].median * 1e3
     pairs = [r / v for v, r in zip(t["vitzoo"].seconds, t["reference"].seconds)]
     row[f"{phase}_speed_ratio"] = t["reference"].median / t["vitzoo"].median
     row[f"{phase}_speed_ratio_min"], row[f"{phase}_speed_ratio_max"] = min(pairs), max(pairs)
@@ -739,10 +743,7 @@ def model_ref_job(job: Mapping[str, Any]) -> dict[str, Any]:
             what = phase
             setup_fn(a)
             setup_fn(b)
-            t = time_fns({"vitzoo": fa, "reference": fb}, setup.device, **setup.timing)
-            row[f"{phase}_ms_vitzoo"] = t["vitzoo"].median * 1e3
-            row[f"{phase}_ms_reference"] = t["reference"].median * 1e3
-            _ratios(row, phase, t)
+            _time_against_reference(row, phase, fa, fb, setup)
     except ReferenceUnavailable as exc:
         row["status"] = str(exc)
         return row
@@ -868,10 +869,7 @@ def layer_ref_job(job: Mapping[str, Any]) -> dict[str, Any]:
             def fb():
                 with torch.inference_mode(), setup.autocast():
                     ref_forward(x_ng)
-        t = time_fns({"vitzoo": fa, "reference": fb}, setup.device, **setup.timing)
-        row[f"{phase}_ms_vitzoo"] = t["vitzoo"].median * 1e3
-        row[f"{phase}_ms_reference"] = t["reference"].median * 1e3
-        _ratios(row, phase, t)
+        _time_against_reference(row, phase, fa, fb, setup)
     except ReferenceUnavailable as exc:
         row["status"] = str(exc)
         return row
