@@ -11,7 +11,6 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vitzoo.attention import MixerContext, build_attention, list_attention
-from vitzoo.layers.window import windowed_call
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -26,33 +25,20 @@ def attention_yaml(name: str) -> dict:
 
 
 class Host(nn.Module):
-    """Calls a mixer the way :class:`vitzoo.layers.block.Block` does (windows for windowed mixers).
+    """Calls a mixer the way :class:`vitzoo.layers.block.Block` does: ``attn(x, grid)``.
 
     Args:
         attn: the mixer.
         grid: token grid.
-        shift: cyclic shift for windowed mixers.
         reference: call ``attn.reference`` instead of ``attn.forward``.
     """
 
-    def __init__(self, attn: nn.Module, grid, shift: int = 0, reference: bool = False):
+    def __init__(self, attn: nn.Module, grid, reference: bool = False):
         super().__init__()
-        self.attn, self.grid, self.shift, self.reference = attn, tuple(grid), shift, reference
+        self.attn, self.grid, self.reference = attn, tuple(grid), reference
 
     def forward(self, x):
-        if self.attn.windowed:
-            target = _Reference(self.attn) if self.reference else self.attn
-            return windowed_call(target, x, self.grid, self.shift)
         return (self.attn.reference if self.reference else self.attn)(x, self.grid)
-
-
-class _Reference:
-    def __init__(self, attn):
-        self.attn = attn
-        self.window_size, self.num_prefix = attn.window_size, attn.num_prefix
-
-    def __call__(self, x, grid, mask=None):
-        return self.attn.reference(x, grid, mask=mask)
 
 
 class RecordShapes(TorchDispatchMode):
@@ -75,12 +61,18 @@ def token_by_token(shapes, n: int):
     return [(f, s) for f, s in shapes if sum(dim >= n // 2 for dim in s) >= 2]
 
 
-def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4, **overrides):
+def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4,
+                   shifted: bool = False, **overrides):
+    """The backend ``name`` with its YAML options (and ``overrides``), built as a block at ``grid`` would."""
     spec = {**attention_yaml(name), **overrides}
-    return build_attention(spec, MixerContext(dim, heads, tuple(grid), num_prefix, window=4))
+    return build_attention(spec, MixerContext(dim, heads, tuple(grid), num_prefix, window=4, shifted=shifted))
 
 
 ATTENTION_NAMES = list_attention()
+# backends whose blocks differ in Swin's odd (shifted) blocks: they read MixerContext.shifted
+SHIFT_AWARE = [n for n in ATTENTION_NAMES if hasattr(make_attention(n, (8, 8), 0), "shift_size")]
+# (backend, shifted) pairs: every backend unshifted, the shift-aware ones shifted too
+SHIFT_CASES = [(n, False) for n in ATTENTION_NAMES] + [(n, True) for n in SHIFT_AWARE]
 
 
 @pytest.fixture(params=ATTENTION_NAMES)

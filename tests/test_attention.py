@@ -4,17 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ATTENTION_NAMES, CONFIGS, Host, RecordShapes, make_attention, token_by_token
+from conftest import ATTENTION_NAMES, CONFIGS, SHIFT_CASES, Host, RecordShapes, make_attention, token_by_token
 from vitzoo.attention import ConfigError, attention_config, list_attention
 from vitzoo.flops import flop_analysis
 
 # (grid, prefix tokens): square with a class token, the smallest Swin stage, and a non-square grid
 CASES = [((8, 8), 1), ((4, 4), 0), ((6, 10), 0)]
-
-
-def host_for(attn, grid, shifted=False, reference=False):
-    shift = attn.shift_size(grid) if (attn.windowed and shifted) else 0
-    return Host(attn, grid, shift=shift, reference=reference)
 
 
 def test_every_backend_has_a_config_file():
@@ -25,9 +20,9 @@ def test_every_backend_has_a_config_file():
 @pytest.mark.parametrize("grid,prefix", CASES)
 def test_shape_and_gradients(attention_name, grid, prefix):
     torch.manual_seed(0)
-    attn = make_attention(attention_name, grid, prefix)
+    attn = make_attention(attention_name, grid, prefix, shifted=True)
     x = torch.randn(2, prefix + grid[0] * grid[1], 32, requires_grad=True)
-    y = host_for(attn, grid, shifted=True)(x)
+    y = Host(attn, grid)(x)
     assert y.shape == x.shape and torch.isfinite(y).all()
     y.square().sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
@@ -36,22 +31,22 @@ def test_shape_and_gradients(attention_name, grid, prefix):
             assert p.grad is not None and torch.isfinite(p.grad).all(), f"no gradient reaches {n}"
 
 
-@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize("name,shifted", SHIFT_CASES)
 @pytest.mark.parametrize("grid,prefix", CASES)
-def test_matches_reference(attention_name, grid, prefix, shifted):
+def test_matches_reference(name, shifted, grid, prefix):
     torch.manual_seed(0)
-    attn = make_attention(attention_name, grid, prefix).double().eval()
+    attn = make_attention(name, grid, prefix, shifted=shifted).double().eval()
     x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64)
     with torch.no_grad():
-        fast = host_for(attn, grid, shifted)(x)
-        ref = host_for(attn, grid, shifted, reference=True)(x)
+        fast = Host(attn, grid)(x)
+        ref = Host(attn, grid, reference=True)(x)
     torch.testing.assert_close(fast, ref, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("grid,prefix", CASES)
 def test_flops_measured_equals_analytic(attention_name, grid, prefix):
-    attn = make_attention(attention_name, grid, prefix).eval()
-    host = host_for(attn, grid, shifted=True)
+    attn = make_attention(attention_name, grid, prefix, shifted=True).eval()
+    host = Host(attn, grid)
     x = torch.zeros(1, prefix + grid[0] * grid[1], 32)
     with torch.no_grad():
         measured = flop_analysis(host, (x,)).by_module()["attn"]
@@ -62,7 +57,7 @@ def test_eval_is_deterministic(attention_name):
     attn = make_attention(attention_name).eval()
     x = torch.randn(2, 65, 32)
     with torch.no_grad():
-        torch.testing.assert_close(host_for(attn, (8, 8))(x), host_for(attn, (8, 8))(x), rtol=0, atol=0)
+        torch.testing.assert_close(Host(attn, (8, 8))(x), Host(attn, (8, 8))(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).linear_cost])
@@ -73,7 +68,7 @@ def test_linear_cost_measured_grows_linearly(name):
         attn = make_attention(name, (side, side), 0).eval()
         x = torch.zeros(1, side * side, 32)
         with torch.no_grad():
-            measured[side] = flop_analysis(host_for(attn, (side, side)), (x,)).by_module()["attn"]
+            measured[side] = flop_analysis(Host(attn, (side, side)), (x,)).by_module()["attn"]
     assert measured[64] <= 16 * measured[16] * 1.05, measured
 
 
@@ -81,10 +76,10 @@ def test_linear_cost_measured_grows_linearly(name):
 def test_linear_cost_never_builds_a_token_by_token_matrix(name):
     """At 32x32 + class token no op in forward or backward returns an N×N-sized tensor."""
     grid, n = (32, 32), 1025
-    attn = make_attention(name, grid, 1)
+    attn = make_attention(name, grid, 1, shifted=True)
     x = torch.randn(1, n, 32, requires_grad=True)
     with RecordShapes() as rec:
-        host_for(attn, grid, shifted=True)(x).sum().backward()
+        Host(attn, grid)(x).sum().backward()
     assert not token_by_token(rec.shapes, n), token_by_token(rec.shapes, n)[:3]
 
 

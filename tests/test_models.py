@@ -59,7 +59,7 @@ def test_window_without_padding_is_an_error():
 
 def test_shifted_window_mask_blocks_cross_region_pairs():
     """Shifted windows never let a token attend across the wrap-around seam of the roll."""
-    from vitzoo.layers.window import window_mask
+    from vitzoo.attention.window import window_mask
 
     mask = window_mask((8, 8), 4, 2, 0)  # [nW, 16, 16]
     assert mask.shape == (4, 16, 16)
@@ -84,3 +84,43 @@ def test_unknown_model_lists_choices():
 def test_resolution_change_resamples_position_embedding():
     model = vitzoo.create_model("vit_cifar", attention="global").eval()
     assert model(torch.randn(1, 3, 48, 48)).shape == (1, 10)
+
+
+@pytest.mark.parametrize("name", vitzoo.list_models())
+def test_every_mixer_is_called_as_attn_x_grid(name, monkeypatch):
+    """The host calls every token mixer with exactly ``(x[B, N, C], grid)``: no keyword, no other signature."""
+    from vitzoo.attention import TokenMixer
+
+    small = dict(img_size=32, patch_size=4, num_classes=10)
+    model = vitzoo.create_model(name, attention="window", **small).eval()
+    calls = []
+    for mixer in (m for m in model.modules() if isinstance(m, TokenMixer)):
+        mixer.register_forward_pre_hook(lambda m, args, kwargs: calls.append((m, args, kwargs)), with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    assert calls and len(calls) == sum(isinstance(m, TokenMixer) for m in model.modules())
+    for mixer, args, kwargs in calls:
+        assert not kwargs and len(args) == 2
+        x, grid = args
+        assert x.shape == (2, mixer.seq_len(grid), mixer.dim) and isinstance(grid, tuple) and len(grid) == 2
+
+
+def test_export_of_a_windowed_model_leaves_eager_models_working():
+    """``torch.export`` of one windowed model, then eager forwards of others (masks are per-model buffers)."""
+    exported_from = vitzoo.create_model("swin_cifar", attention="window").eval()
+    x = torch.randn(2, 3, 32, 32)
+    program = torch.export.export(exported_from, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), exported_from(x))
+        for name in ("vit_cifar", "swin_cifar"):
+            other = vitzoo.create_model(name, attention="window").eval()
+            assert torch.isfinite(other(x)).all()
+            assert torch.isfinite(other(torch.randn(1, 3, 40, 40))).all()  # another grid: mask built on the fly
+
+
+def test_window_masks_follow_the_module():
+    """The shift/padding mask is a non-persistent buffer: it moves with ``.to()`` and is not saved."""
+    model = vitzoo.create_model("swin_cifar", attention="window").double()
+    masks = [m.attn_mask for m in model.modules() if getattr(m, "attn_mask", None) is not None]
+    assert masks and all(m.dtype == torch.float64 for m in masks)
+    assert not any(k.endswith("attn_mask") for k in model.state_dict())

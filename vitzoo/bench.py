@@ -754,7 +754,7 @@ def model_ref_job(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _layer_host(attn, grid):
-    """An ``nn.Module`` calling a mixer as the blocks do: windowed mixers through ``windowed_call`` (no shift)."""
+    """An ``nn.Module`` calling a mixer as the blocks do: ``attn(x, grid)``."""
     from torch import nn
 
     class LayerHost(nn.Module):
@@ -763,10 +763,6 @@ def _layer_host(attn, grid):
             self.attn, self.grid = attn, tuple(grid)
 
         def forward(self, x):
-            if getattr(self.attn, "windowed", False):
-                from vitzoo.layers.window import windowed_call
-
-                return windowed_call(self.attn, x, self.grid, 0)
             return self.attn(x, self.grid)
 
     return LayerHost()

@@ -43,7 +43,6 @@ from fvcore.nn.jit_handles import get_shape
 from torch import Tensor, nn
 
 from vitzoo.attention.base import Grid, TokenMixer
-from vitzoo.layers.window import windowed_call
 from vitzoo.registry import ConfigError
 
 # --------------------------------------------------------------------------------------------------
@@ -674,29 +673,24 @@ def _layer_grid(model: nn.Module, layer: TokenMixer, img_size: int) -> tuple[int
 # --------------------------------------------------------------------------------------------------
 
 class MixerHost(nn.Module):
-    """Calls a mixer as :class:`vitzoo.layers.block.Block` does (windows for windowed mixers).
+    """Calls a mixer as :class:`vitzoo.layers.block.Block` does: ``attn(x, grid)``.
 
     Args:
         attn: the token mixer.
         grid: token grid (H, W).
-        shifted: use the mixer's shift (windowed mixers, Swin's odd blocks).
     """
 
-    def __init__(self, attn: TokenMixer, grid: Grid, shifted: bool = False):
+    def __init__(self, attn: TokenMixer, grid: Grid):
         super().__init__()
         self.attn, self.grid = attn, tuple(grid)
-        self.shift = attn.shift_size(self.grid) if attn.windowed and shifted else 0
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.attn.windowed:
-            return windowed_call(self.attn, x, self.grid, self.shift)
         return self.attn(x, self.grid)
 
 
-def mixer_flops(attn: TokenMixer, grid: Grid, shifted: bool = False, second_tool: bool = False
-                ) -> tuple[int, int, Optional[int]]:
+def mixer_flops(attn: TokenMixer, grid: Grid, second_tool: bool = False) -> tuple[int, int, Optional[int]]:
     """``(analytic, fvcore-measured, FlopCounterMode or None)`` MACs of one mixer at ``grid``, one image."""
-    host = MixerHost(attn, grid, shifted).eval()
+    host = MixerHost(attn, grid).eval()
     x = torch.zeros(1, attn.seq_len(grid), attn.dim)
     with torch.no_grad():
         measured = int(flop_analysis(host, (x,)).by_module()["attn"])

@@ -4,8 +4,9 @@ Contract (one interface for every mixer):
 
 * ``forward(x, grid)``: ``x[B, N, C]`` in, ``[B, N, C]`` out, ``N = P + H*W`` where ``P`` is the
   number of prefix tokens (ViT's class token) fixed at construction and ``grid = (H, W)``.
-  Prefix tokens come first. Windowed mixers (``windowed = True``, only ``window``) are called by
-  the host block on window tokens instead: see :mod:`vitzoo.layers.window`.
+  Prefix tokens come first. There is no other call signature: a mixer that needs more (the
+  window backend's shift, a fixed sequence length) gets it at construction through
+  :class:`MixerContext`, and does its own geometry (padding, shifts, partitions) inside ``forward``.
 * ``flops(grid)``: analytic multiply-adds for ONE image at token grid ``grid`` (fvcore's and the
   Swin paper's convention: a fused multiply-add counts 1; softmax, scaling, bias and mask adds,
   activations and reductions count 0). Each matmul is commented where it is counted.
@@ -15,7 +16,6 @@ Contract (one interface for every mixer):
 
 Capability flags are class attributes checked when the model is built:
 
-* ``windowed``: the host partitions the grid into windows and passes an additive mask.
 * ``fixed_length``: parameters depend on the sequence length fixed at construction.
 * ``takes_bias``: ``forward`` accepts an additive attention bias/mask.
 * ``linear_cost``: cost grows linearly with N at fixed options (sparse, windowed, linear backends).
@@ -50,6 +50,7 @@ class MixerContext:
         layer_index: index of the block in the network (seeds per-layer random patterns).
         window: the backbone's natural window side (Swin-T: 7); backends whose window/block option
             is ``None`` use it.
+        shifted: the block is one of Swin's odd blocks (the window backend shifts its windows there).
     """
 
     dim: int
@@ -61,6 +62,7 @@ class MixerContext:
     proj_drop: float = 0.0
     layer_index: int = 0
     window: int = 7
+    shifted: bool = False
 
 
 def check(condition: bool, message: str) -> None:
@@ -85,7 +87,6 @@ class TokenMixer(nn.Module):
     """
 
     formula: ClassVar[str] = ""
-    windowed: ClassVar[bool] = False
     fixed_length: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)

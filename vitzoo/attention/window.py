@@ -4,15 +4,25 @@ Paper: Liu et al., "Swin Transformer: Hierarchical Vision Transformer using Shif
 ICCV 2021, https://arxiv.org/abs/2103.14030. In a plain ViT this is ViTDet-style windowed
 attention (Li et al., https://arxiv.org/abs/2203.16527).
 
-The host block does the geometry (:func:`vitzoo.layers.window.windowed_call`): padding a grid the
-window does not divide, the cyclic shift on alternate blocks (``shift: true``) and the partition.
-This module sees window tokens ``[B·nW, P + M², C]`` plus the additive mask. A window larger than
-the grid is clamped to the grid (as Swin does, which also disables the shift there).
+Like every mixer it is called as ``attn(x[B, P + H·W, C], grid)`` and owns its geometry:
+
+* Padding: a grid the window does not divide is padded at the bottom/right with zero tokens;
+  padded tokens are masked out as keys (unlike the original Swin code, which lets real tokens
+  attend to them) and cropped from the output.
+* Shift: a block built with ``MixerContext.shifted`` (Swin's odd blocks) rolls the padded grid by
+  ``-M//2`` and masks pairs of tokens from different regions of the un-rolled image, as Swin does.
+* Prefix tokens (ViT's class token) join every window as extra queries and keys; their outputs are
+  averaged over the windows, so patch tokens see the class token and it sees every patch.
+* A window larger than the grid is clamped to the grid (as Swin does, which also disables the shift).
+
+The additive mask of the construction grid is a non-persistent buffer built once (it follows
+``.to(device)``, ``torch.export`` and ``torch.compile``); another grid builds its mask on the fly.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +31,6 @@ from timm.layers import trunc_normal_
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive, dense_attention, sdpa
-from vitzoo.layers.window import num_windows, padded_grid
 
 
 @dataclass
@@ -36,6 +45,62 @@ class WindowConfig:
             check_positive(self, "window_size")
 
 
+# ------------------------------------------------------------------------------------------ geometry
+
+def padded_grid(grid: Grid, window: int) -> Grid:
+    """Smallest grid >= ``grid`` whose sides are multiples of ``window``."""
+    return tuple(math.ceil(s / window) * window for s in grid)
+
+
+def num_windows(grid: Grid, window: int) -> int:
+    hp, wp = padded_grid(grid, window)
+    return (hp // window) * (wp // window)
+
+
+def window_partition(x: Tensor, window: int) -> Tensor:
+    """``x[B, H, W, C] -> [B·nW, M·M, C]`` (H, W multiples of M)."""
+    B, H, W, C = x.shape
+    x = x.view(B, H // window, window, W // window, window, C)  # [B, H/M, M, W/M, M, C]
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window * window, C)
+
+
+def window_reverse(windows: Tensor, window: int, H: int, W: int) -> Tensor:
+    """``windows[B·nW, M·M, C] -> [B, H, W, C]``: inverse of :func:`window_partition`."""
+    C = windows.shape[-1]
+    x = windows.view(-1, H // window, W // window, window, window, C)  # [B, H/M, W/M, M, M, C]
+    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
+
+
+def window_mask(grid: Grid, window: int, shift: int, num_prefix: int,
+                device: Optional[torch.device] = None) -> Optional[Tensor]:
+    """Additive mask ``[nW, P + M², P + M²]`` (0 allowed, -inf masked), or None when nothing is masked.
+
+    Masks keys that are padding and, with a shift, pairs of tokens from different image regions.
+    """
+    H, W = grid
+    hp, wp = padded_grid(grid, window)
+    if shift == 0 and (hp, wp) == (H, W):
+        return None
+    region = torch.zeros(1, hp, wp, 1, device=device)
+    if shift:  # Swin's 3x3 regions of the rolled image
+        cuts = (slice(0, -window), slice(-window, -shift), slice(-shift, None))
+        for i, (hs, ws) in enumerate((a, b) for a in cuts for b in cuts):
+            region[:, hs, ws, :] = i
+    pad = torch.zeros(1, hp, wp, 1, dtype=torch.bool, device=device)
+    pad[:, H:, :, :] = True
+    pad[:, :, W:, :] = True
+    if shift:
+        pad = torch.roll(pad, (-shift, -shift), dims=(1, 2))
+    region = window_partition(region, window).squeeze(-1)  # [nW, M²]
+    pad = window_partition(pad, window).squeeze(-1)  # [nW, M²]
+    other_region = region[:, :, None] != region[:, None, :]  # [nW, M², M²]
+    other_region = F.pad(other_region, (num_prefix, 0, num_prefix, 0), value=False)  # prefix: any region
+    pad = F.pad(pad, (num_prefix, 0), value=False)  # [nW, P + M²]
+    blocked = other_region | pad[:, None, :]  # [nW, T, T] with T = P + M²
+    blocked &= ~torch.eye(blocked.shape[-1], dtype=torch.bool, device=device)  # a padded query keeps itself
+    return torch.zeros(blocked.shape, device=device).masked_fill(blocked, float("-inf"))
+
+
 def relative_position_index(window: int) -> Tensor:
     """``[M², M²]`` index into the ``(2M-1)²`` bias table for every pair of window positions."""
     coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
@@ -43,16 +108,17 @@ def relative_position_index(window: int) -> Tensor:
     return rel[..., 0] * (2 * window - 1) + rel[..., 1]
 
 
+# ----------------------------------------------------------------------------------------- the mixer
+
 @register_attention("window", WindowConfig)
 class WindowAttention(QKVAttention):
-    """W-MSA over windows of M×M tokens. Cost ``4NC² + 2M²NC`` with N the padded grid tokens.
+    """W-MSA over windows of M×M tokens (SW-MSA when the block is built ``shifted``); cost: :attr:`formula`.
 
     With P prefix tokens joining each of the nW windows (T = P + M² tokens per window) the cost is
-    ``nW·(4TC² + 2T²C)``, i.e. the extra ``nW·(4PC² + 4PM²C + 2P²C)``.
+    ``nW·(4TC² + 2T²C)``.
     """
 
     formula = "4NC² + 2M²NC + nW·(4PC² + 4PM²C + 2P²C)"
-    windowed = True
     takes_bias = True
     linear_cost = True
 
@@ -61,6 +127,7 @@ class WindowAttention(QKVAttention):
         H, W = ctx.grid
         M = cfg.window_size or ctx.window
         self.window_size = min(M, H, W) if cfg.clamp else M
+        self.shifted = ctx.shifted
         check(cfg.pad or padded_grid(ctx.grid, self.window_size) == tuple(ctx.grid),
               f"attention.window_size={self.window_size} does not divide the {H}x{W} token grid; "
               f"set attention.pad=true or pick a divisor")
@@ -68,10 +135,15 @@ class WindowAttention(QKVAttention):
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * M - 1) ** 2, self.num_heads))
         trunc_normal_(self.relative_position_bias_table, std=0.02)
         self.register_buffer("relative_position_index", relative_position_index(M), persistent=False)
+        self.register_buffer("attn_mask", self.build_mask(self.grid), persistent=False)  # [nW, T, T] or None
 
     def shift_size(self, grid: Grid) -> int:
-        """Shift used by an odd (shifted) block at ``grid``: M//2, or 0 when one window covers the grid."""
-        return self.window_size // 2 if self.cfg.shift and min(grid) > self.window_size else 0
+        """Cyclic shift at ``grid``: M//2 in a shifted block, 0 when unshifted or one window covers the grid."""
+        return self.window_size // 2 if self.cfg.shift and self.shifted and min(grid) > self.window_size else 0
+
+    def build_mask(self, grid: Grid, device: Optional[torch.device] = None) -> Optional[Tensor]:
+        """The additive padding/shift mask ``[nW, P + M², P + M²]`` at ``grid`` (None: nothing masked)."""
+        return window_mask(tuple(grid), self.window_size, self.shift_size(grid), self.num_prefix, device)
 
     def position_bias(self) -> Tensor:
         """``[h, T, T]`` relative position bias, zero on prefix rows and columns (T = P + M²)."""
@@ -80,8 +152,30 @@ class WindowAttention(QKVAttention):
         bias = bias.view(M2, M2, -1).permute(2, 0, 1)  # [h, M², M²]
         return F.pad(bias, (self.num_prefix, 0, self.num_prefix, 0))
 
-    def attend_windows(self, x: Tensor, mask: Optional[Tensor], attend) -> Tensor:
-        """Split heads, group windows per image and apply ``attend(q, k, v, bias)``.
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        """Args: x: ``[B, P + H·W, C]`` (prefix tokens first); grid: (H, W). Returns ``[B, P + H·W, C]``."""
+        B, _, C = x.shape
+        H, W = grid
+        M, P, s = self.window_size, self.num_prefix, self.shift_size(grid)
+        hp, wp = padded_grid(grid, M)
+        mask = self.attn_mask if tuple(grid) == self.grid else self.build_mask(grid, x.device)
+        tokens = F.pad(x[:, P:].reshape(B, H, W, C), (0, 0, 0, wp - W, 0, hp - H))  # [B, Hp, Wp, C]
+        if s:
+            tokens = torch.roll(tokens, (-s, -s), dims=(1, 2))
+        windows = window_partition(tokens, M)  # [B·nW, M², C]
+        nw = windows.shape[0] // B
+        if P:
+            prefix = x[:, None, :P].expand(B, nw, P, C).reshape(B * nw, P, C)  # [B·nW, P, C]
+            windows = torch.cat([prefix, windows], dim=1)  # [B·nW, P + M², C]
+        out = self.attend_windows(windows, mask)  # [B·nW, P + M², C]
+        prefix_out = out[:, :P].reshape(B, nw, P, C).mean(dim=1)  # [B, P, C]
+        tokens = window_reverse(out[:, P:], M, hp, wp)  # [B, Hp, Wp, C]
+        if s:
+            tokens = torch.roll(tokens, (s, s), dims=(1, 2))
+        return torch.cat([prefix_out, tokens[:, :H, :W].reshape(B, H * W, C)], dim=1)
+
+    def attend_windows(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """Window tokens ``x[B·nW, T, C]`` -> ``[B·nW, T, C]`` with the bias (and ``mask[nW, T, T]``).
 
         With a mask, q/k/v are viewed as ``[B, nW, h, T, d]`` so the ``[nW, h, T, T]`` bias+mask
         broadcasts over images instead of being copied B times.
@@ -91,16 +185,34 @@ class WindowAttention(QKVAttention):
         if mask is not None:
             nw = mask.shape[0]
             q, k, v = (t.view(-1, nw, *t.shape[1:]) for t in (q, k, v))  # [B, nW, h, T, d]
-            bias = bias[None] + mask[:, None]  # [nW, h, T, T]
-        return self.merge_heads(attend(q, k, v, bias).flatten(0, -4))  # [B·nW, h, T, d] -> [B·nW, T, C]
-
-    def forward(self, x: Tensor, grid: Grid, mask: Optional[Tensor] = None) -> Tensor:
-        """Args: x: window tokens ``[B·nW, P + M², C]``; grid: (M, M); mask: ``[nW, T, T]`` or None."""
+            bias = bias[None] + mask[:, None].to(q.dtype)  # [nW, h, T, T]
         p = self.attn_drop.p if self.training else 0.0
-        return self.attend_windows(x, mask, lambda q, k, v, b: sdpa(q, k, v, attn_mask=b, dropout_p=p))
+        o = sdpa(q, k, v, attn_mask=bias, dropout_p=p)
+        return self.merge_heads(o.flatten(0, -4))  # [B·nW, h, T, d] -> [B·nW, T, C]
 
-    def reference(self, x: Tensor, grid: Grid, mask: Optional[Tensor] = None) -> Tensor:
-        return self.attend_windows(x, mask, lambda q, k, v, b: dense_attention(q, k, v, bias=b))
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:
+        """Dense ``softmax(QKᵀ/√d + B)V`` over all ``P + H·W`` tokens, its allowed pairs derived from
+        token coordinates (window and Swin region in the rolled, padded frame), sharing no geometry
+        code with :meth:`forward`. Prefix queries average one softmax per window."""
+        q, k, v = self.split_heads(x)  # [B, h, N, d]
+        P, M, s = self.num_prefix, self.window_size, self.shift_size(grid)
+        hp, wp = padded_grid(grid, M)
+        ii, jj = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+        r, c = ((ii - s) % hp).flatten(), ((jj - s) % wp).flatten()  # rolled coordinates of real tokens
+        win = (r // M) * (wp // M) + c // M  # [HW] window id
+        band = lambda t, n: (t >= n - M).long() + (t >= n - s).long() if s else torch.zeros_like(t)  # noqa: E731
+        region = band(r, hp) * 3 + band(c, wp)
+        same = (win[:, None] == win[None, :]) & (region[:, None] == region[None, :])  # [HW, HW]
+        rel = ((r % M)[:, None] - (r % M)[None, :] + M - 1) * (2 * M - 1) + (c % M)[:, None] - (c % M)[None, :] + M - 1
+        bias = F.pad(self.relative_position_bias_table[rel].permute(2, 0, 1), (P, 0))  # [h, HW, P + HW]
+        allowed = F.pad(same, (P, 0), value=True)  # [HW, P + HW]: the prefix is always a key
+        out = dense_attention(q[:, :, P:], k, v, allowed=allowed, bias=bias)  # [B, h, HW, d]
+        if P:
+            in_win = F.pad(win[None, :] == torch.arange(num_windows(grid, M))[:, None], (P, 0), value=True)  # [nW, P+HW]
+            qp = q[:, :, None, :P].expand(-1, -1, in_win.shape[0], -1, -1)  # [B, h, nW, P, d]
+            pre = dense_attention(qp, k[:, :, None], v[:, :, None], allowed=in_win[:, None])  # [B, h, nW, P, d]
+            out = torch.cat([pre.mean(dim=2), out], dim=2)
+        return self.merge_heads(out)
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         """MACs for one image whose token grid is ``grid`` (partitioned into nW windows)."""

@@ -7,9 +7,7 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, build_attention
-from vitzoo.layers.window import windowed_call
-
-Grid = tuple[int, int]
+from vitzoo.attention.base import Grid
 
 
 def layernorm_flops(numel: int) -> int:
@@ -22,30 +20,22 @@ class Block(nn.Module):
 
     Args:
         attention: attention spec (``"global"`` or ``{"name": ..., **options}``).
-        ctx: dims, heads, grid, prefix tokens and layer index for the mixer.
+        ctx: dims, heads, grid, prefix tokens, layer index and shift (Swin's odd blocks) for the mixer.
         mlp_ratio: hidden width of the MLP relative to C.
-        shifted: this block uses shifted windows when the mixer is windowed (Swin's odd blocks).
         drop: dropout in the MLP; drop_path: stochastic depth rate.
     """
 
-    def __init__(self, attention: Any, ctx: MixerContext, mlp_ratio: float = 4.0, shifted: bool = False,
-                 drop: float = 0.0, drop_path: float = 0.0):
+    def __init__(self, attention: Any, ctx: MixerContext, mlp_ratio: float = 4.0, drop: float = 0.0,
+                 drop_path: float = 0.0):
         super().__init__()
         self.norm1 = nn.LayerNorm(ctx.dim)
         self.attn = build_attention(attention, ctx)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(ctx.dim)
         self.mlp = Mlp(ctx.dim, int(ctx.dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
-        self.shifted = shifted
-
-    def mix(self, x: Tensor, grid: Grid) -> Tensor:
-        if not self.attn.windowed:
-            return self.attn(x, grid)
-        shift = self.attn.shift_size(grid) if self.shifted else 0
-        return windowed_call(self.attn, x, grid, shift)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
-        x = x + self.drop_path(self.mix(self.norm1(x), grid))
+        x = x + self.drop_path(self.attn(self.norm1(x), grid))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def flops(self, grid: Grid) -> int:

@@ -76,7 +76,7 @@ class PatchMerging(nn.Module):
 
 
 class SwinStage(nn.Module):
-    """Blocks at one resolution (odd blocks shifted when windowed), then optional patch merging."""
+    """Blocks at one resolution (odd blocks built ``shifted``: SW-MSA with window attention), then optional patch merging."""
 
     def __init__(self, attention: Any, dim: int, depth: int, num_heads: int, grid: tuple[int, int],
                  cfg: SwinConfig, drop_path: list[float], first_layer: int, downsample: bool):
@@ -84,8 +84,8 @@ class SwinStage(nn.Module):
         self.grid = grid
         self.blocks = nn.ModuleList([
             Block(attention, MixerContext(dim, num_heads, grid, 0, cfg.qkv_bias, cfg.attn_drop_rate,
-                                          cfg.drop_rate, first_layer + i, cfg.window_size),
-                  cfg.mlp_ratio, shifted=i % 2 == 1, drop=cfg.drop_rate, drop_path=drop_path[i])
+                                          cfg.drop_rate, first_layer + i, cfg.window_size, shifted=i % 2 == 1),
+                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=drop_path[i])
             for i in range(depth)
         ])
         self.downsample = PatchMerging(dim) if downsample else None

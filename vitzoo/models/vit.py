@@ -65,8 +65,8 @@ class VisionTransformer(nn.Module):
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
         self.blocks = nn.ModuleList([
             Block(attention, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
-                                          cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size),
-                  cfg.mlp_ratio, shifted=i % 2 == 1, drop=cfg.drop_rate, drop_path=dpr[i])
+                                          cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size, shifted=i % 2 == 1),
+                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=dpr[i])
             for i in range(cfg.depth)
         ])
         self.norm = nn.LayerNorm(C)
