@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import (HeadGroup, SparsePattern, SparsePatternAttention, block_count, check_non_negative,
-                                      check_odd_kernel, neighbourhood_index, neighbourhood_mask)
-from vitzoo.attention.base import Grid, MixerContext, check, check_positive
+from vitzoo.attention._sparse import (HeadGroup, SparsePattern, SparsePatternAttention, block_count, check_odd_kernel,
+                                      neighbourhood_index, neighbourhood_mask)
+from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 
 
 @dataclass
