@@ -75,7 +75,7 @@ BAD = [
     ("routing", dict(num_clusters=7, pad=False), "attention.num_clusters=7 does not divide the 60 tokens"),
     ("routing", dict(decay=1.0), r"attention.decay must be in \(0, 1\)"),
     ("sinkhorn", dict(block_size=0), "attention.block_size must be a positive integer"),
-    ("sinkhorn", dict(block_size=61), "attention.block_size=61 is larger than the 60 tokens"),
+    ("sinkhorn", dict(block_size=61), "attention.block_size=61 is more than the 60 tokens"),
     ("sinkhorn", dict(block_size=7, pad=False), "attention.block_size=7 does not divide the 60 tokens"),
     ("sinkhorn", dict(iters=101), "attention.iters must be in 1..100"),
     ("sinkhorn", dict(temperature=0.0), "attention.temperature must be a positive number"),
