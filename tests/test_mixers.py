@@ -198,10 +198,10 @@ def test_compressed_without_reduction_is_softmax_attention():
     torch.manual_seed(0)
     attn = make_attention("compressed", (4, 4), 1, reduction=1).double().eval()
     x = torch.randn(2, 17, 32, dtype=torch.float64)
-    q = attn.heads(attn.q(x))
-    k, v = (attn.heads(t) for t in attn.kv(x).chunk(2, dim=-1))
+    (q,) = attn.to_heads(attn.q(x))
+    k, v = (attn.to_heads(t)[0] for t in attn.kv(x).chunk(2, dim=-1))
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, (4, 4)), attn.merge(dense_attention(q, k, v)))
+        torch.testing.assert_close(attn(x, (4, 4)), attn.merge_heads(dense_attention(q, k, v)))
 
 
 # --------------------------------------------------------------------------------------------- Synthesizer

@@ -81,6 +81,7 @@ class FNetMixing(TokenMixer):
     """
 
     formula = "5/2·NC·log₂(NC)"
+    family = "mixers"
     flop_handles = {"aten::fft_fft": fft_flop_jit, "aten::fft_fft2": fft_flop_jit, "aten::fft_fftn": fft_flop_jit,
                     "aten::real": None}
 

@@ -26,6 +26,7 @@ class GlobalAttention(QKVAttention):
     """Multi-head self-attention over all N = P + H·W tokens. Cost ``4NC² + 2N²C``."""
 
     formula = "4NC² + 2N²C"
+    family = "dense"
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         return sdpa(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)

@@ -45,6 +45,7 @@ class LinearAttention(QKVAttention):
     """
 
     formula = "4NC² + 2NdC + 2NC"
+    family = "kernel"
     linear_cost = True
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
@@ -77,6 +78,7 @@ class EfficientAttention(QKVAttention):
     """
 
     formula = "4NC² + 2NdC"
+    family = "kernel"
     linear_cost = True
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

@@ -54,6 +54,7 @@ class LinformerAttention(QKVAttention):
     """
 
     formula = "4NC² + 4NkC"  # plus 4·(E/F entries) for resampling when run at another grid
+    family = "kernel"
     linear_cost = True
     fixed_length = True
 

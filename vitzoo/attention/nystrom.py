@@ -76,6 +76,7 @@ class NystromAttention(QKVAttention):
     """
 
     formula = "4NC² + 4NmC + 2m²C + 4Ihm³"
+    family = "mixers"
     linear_cost = True
 
     def landmarks(self, t: Tensor) -> Tensor:
