@@ -95,10 +95,20 @@ class ReformerAttention(DataDrivenAttention):
         proj = proj.unflatten(-1, (self.cfg.n_hashes, -1))  # [B, h, M, n_hashes, n_b/2]
         return torch.cat([proj, -proj], dim=-1).argmax(dim=-1).transpose(-1, -2)  # [B, h, n_hashes, M]
 
-    def padded_buckets(self, k_grid: Tensor, length: int) -> Tensor:
-        """Buckets of the grid keys, pad tokens in bucket ``n_buckets``: ``[B, h, n_hashes, length]``."""
+    def sorted_buckets(self, k_grid: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Buckets of the grid keys and the order of every round, sorted by (bucket, position).
+
+        Args:
+            k_grid: grid keys ``[B, h, M, d]``.
+            length: M padded to whole chunks; pad tokens get bucket ``n_buckets`` (sorted last).
+
+        Returns:
+            ``buckets``, ``order`` and its ``inverse`` (see :func:`sort_order`), each ``[B, h, n_hashes, length]``.
+        """
         buckets = self.hash(k_grid)
-        return F.pad(buckets, (0, length - buckets.shape[-1]), value=self.cfg.n_buckets)
+        buckets = F.pad(buckets, (0, length - buckets.shape[-1]), value=self.cfg.n_buckets)  # [B, h, R, L]
+        pos = torch.arange(length, device=k_grid.device)
+        return (buckets, *sort_order(buckets * length + pos))
 
     def chunk_bias(self, buckets: Tensor, order: Tensor, c: int, dtype: torch.dtype) -> Tensor:
         """Additive bias ``[B, h, R, nc, c, 2c]`` of every chunk: bucket mask, self penalty, duplicates.
@@ -129,9 +139,7 @@ class ReformerAttention(DataDrivenAttention):
         c, length = self.layout(grid)
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
-        buckets = self.padded_buckets(kg, length)  # [B, h, R, L]
-        pos = torch.arange(length, device=q.device)
-        order, inverse = sort_order(buckets * length + pos)  # [B, h, R, L]
+        buckets, order, inverse = self.sorted_buckets(kg, length)  # [B, h, R, L] each
         qs = gather_tokens(pad_tokens(qg, length), order).unflatten(-2, (-1, c))  # [B, h, R, nc, c, d]
         ks = look_back(gather_tokens(pad_tokens(kg, length), order).unflatten(-2, (-1, c)), dim=-3)
         vs = look_back(gather_tokens(pad_tokens(vg, length), order).unflatten(-2, (-1, c)), dim=-3)
@@ -158,9 +166,8 @@ class ReformerAttention(DataDrivenAttention):
         c, length = self.layout(grid)
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
-        buckets = self.padded_buckets(kg, length)  # [B, h, R, L]
-        order = (buckets * length + torch.arange(length, device=q.device)).argsort(-1)
-        chunk = order.argsort(-1)[..., :m] // c  # [B, h, R, M] chunk of every grid token
+        buckets, _, inverse = self.sorted_buckets(kg, length)  # [B, h, R, L] each
+        chunk = inverse[..., :m] // c  # [B, h, R, M] chunk of every grid token
         b = buckets[..., :m]
         same = b.unsqueeze(-1) == b.unsqueeze(-2)  # [B, h, R, M, M]
         gap = chunk.unsqueeze(-1) - chunk.unsqueeze(-2)  # query chunk - key chunk
