@@ -5,11 +5,12 @@ import pytest
 import torch
 
 import vitzoo
-from conftest import RecordShapes, attention_yaml, make_attention, token_by_token
+from conftest import RecordShapes, attention_yaml, backends, make_attention, token_by_token
 from vitzoo.attention import ConfigError
+from vitzoo.attention._buckets import DataDrivenAttention
 from vitzoo.flops import flop_analysis
 
-NAMES = ["reformer", "routing", "sinkhorn"]
+NAMES = backends("data_driven", DataDrivenAttention)  # from the registry: reformer, routing, sinkhorn, ...
 
 # non-default options at a non-square grid with a class token: chunks/clusters/blocks that need padding
 OPTIONS = [
