@@ -68,7 +68,7 @@ def block_tokens(grid: Grid, block: int) -> Tensor:
 class BigBirdAttention(SparsePatternAttention):
     """Block-sparse attention: window, global and random blocks.
 
-    Cost ``4NC² + 2(n_b - n_g)b²((w² + r)b² + G + P)C + 2(P + G)NC``: n_b blocks of the padded grid,
+    Its cost is :attr:`formula`: n_b blocks of the padded grid,
     n_g global blocks holding G real tokens, w² window blocks and r random blocks per query block
     (slots that end up masked are still computed and counted).
 

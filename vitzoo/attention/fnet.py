@@ -73,7 +73,7 @@ class FNetConfig:
 
 @register_attention("fnet", FNetConfig)
 class FNetMixing(TokenMixer):
-    """Parameter-free Fourier token mixing. Cost ``5/2·NC·log₂(NC)`` (see the module docstring).
+    """Parameter-free Fourier token mixing; its cost is :attr:`formula` (see the module docstring).
 
     Args:
         cfg: :class:`FNetConfig`.

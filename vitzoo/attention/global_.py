@@ -23,7 +23,7 @@ class GlobalConfig:
 
 @register_attention("global", GlobalConfig)
 class GlobalAttention(QKVAttention):
-    """Multi-head self-attention over all N = P + H·W tokens. Cost ``4NC² + 2N²C``."""
+    """Multi-head self-attention over all N = P + H·W tokens; its cost is :attr:`formula`."""
 
     formula = "4NC² + 2N²C"
     family = "dense"

@@ -39,7 +39,7 @@ class GMLPConfig:
 
 @register_attention("gmlp", GMLPConfig)
 class SpatialGatingUnit(TokenAxisMixin, TokenMixer):
-    """gMLP's spatial gating unit with its channel projections. Cost ``3NDC + N²D + 5ND``.
+    """gMLP's spatial gating unit with its channel projections; its cost is :attr:`formula`.
 
     Args:
         cfg: :class:`GMLPConfig`.

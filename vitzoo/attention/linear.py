@@ -37,7 +37,7 @@ class LinearConfig:
 
 @register_attention("linear", LinearConfig)
 class LinearAttention(QKVAttention):
-    """Kernel attention with ``φ = elu + 1``. Cost ``4NC² + 2NdC + 2NC`` (d = C/h).
+    """Kernel attention with ``φ = elu + 1``; its cost is :attr:`formula` (d = C/h).
 
     Args:
         cfg: LinearConfig (validated options, see ``configs/attention/linear.yaml``).
@@ -70,7 +70,7 @@ class EfficientConfig:
 
 @register_attention("efficient", EfficientConfig)
 class EfficientAttention(QKVAttention):
-    """``ρq(Q)(ρk(K)ᵀV)``: d global context vectors mixed per query. Cost ``4NC² + 2NdC`` (d = C/h).
+    """``ρq(Q)(ρk(K)ᵀV)``: d global context vectors mixed per query; cost :attr:`formula` (d = C/h).
 
     Args:
         cfg: EfficientConfig (validated options, see ``configs/attention/efficient.yaml``).

@@ -38,7 +38,7 @@ class MixerConfig:
 
 @register_attention("mixer", MixerConfig)
 class MLPMixerTokenMixing(TokenAxisMixin, TokenMixer):
-    """Token-mixing MLP of MLP-Mixer. Cost ``2NDC`` (plus resampling at another grid).
+    """Token-mixing MLP of MLP-Mixer; its cost is :attr:`formula` (plus resampling at another grid).
 
     Args:
         cfg: :class:`MixerConfig`.
