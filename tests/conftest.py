@@ -10,7 +10,7 @@ import yaml
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vitzoo.attention import MixerContext, build_attention, list_attention
+from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -73,6 +73,21 @@ ATTENTION_NAMES = list_attention()
 SHIFT_AWARE = [n for n in ATTENTION_NAMES if hasattr(make_attention(n, (8, 8), 0), "shift_size")]
 # (backend, shifted) pairs: every backend unshifted, the shift-aware ones shifted too
 SHIFT_CASES = [(n, False) for n in ATTENTION_NAMES] + [(n, True) for n in SHIFT_AWARE]
+
+
+def attention_classes() -> dict:
+    """Every registered backend's class, by name."""
+    return {name: ATTENTION.get(name)[0] for name in ATTENTION_NAMES}
+
+
+def backends(family: str = "", base: type = object) -> list[str]:
+    """Registered backends of a family (class attribute ``family``) and/or a base class.
+
+    A family's test file uses this instead of a hand-written list, so a backend is covered the
+    moment it is registered.
+    """
+    return [name for name, cls in attention_classes().items()
+            if (not family or cls.family == family) and issubclass(cls, base)]
 
 
 @pytest.fixture(params=ATTENTION_NAMES)

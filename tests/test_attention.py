@@ -4,12 +4,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ATTENTION_NAMES, CONFIGS, SHIFT_CASES, Host, RecordShapes, make_attention, token_by_token
+from conftest import (ATTENTION_NAMES, CONFIGS, SHIFT_CASES, Host, RecordShapes, attention_classes, backends,
+                      make_attention, token_by_token)
 from vitzoo.attention import ConfigError, attention_config, list_attention
+from vitzoo.attention.base import FAMILIES
 from vitzoo.flops import flop_analysis
 
 # (grid, prefix tokens): square with a class token, the smallest Swin stage, and a non-square grid
 CASES = [((8, 8), 1), ((4, 4), 0), ((6, 10), 0)]
+
+
+def test_every_backend_has_a_family():
+    """``family`` picks the backend-specific test file (tests derive their lists from it)."""
+    for name, cls in attention_classes().items():
+        assert cls.family in FAMILIES, f"{name}: family {cls.family!r} not in {sorted(FAMILIES)}"
+    for family, path in FAMILIES.items():
+        assert (CONFIGS.parent / path).exists(), path
+        assert backends(family), f"no registered backend of family {family}"
 
 
 def test_every_backend_has_a_config_file():

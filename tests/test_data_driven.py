@@ -5,11 +5,12 @@ import pytest
 import torch
 
 import vitzoo
-from conftest import RecordShapes, attention_yaml, make_attention, token_by_token
+from conftest import RecordShapes, attention_yaml, backends, make_attention, token_by_token
 from vitzoo.attention import ConfigError
+from vitzoo.attention._buckets import DataDrivenAttention
 from vitzoo.flops import flop_analysis
 
-NAMES = ["reformer", "routing", "sinkhorn"]
+NAMES = backends("data_driven", DataDrivenAttention)  # from the registry: reformer, routing, sinkhorn, ...
 
 # non-default options at a non-square grid with a class token: chunks/clusters/blocks that need padding
 OPTIONS = [
@@ -75,7 +76,7 @@ BAD = [
     ("routing", dict(num_clusters=7, pad=False), "attention.num_clusters=7 does not divide the 60 tokens"),
     ("routing", dict(decay=1.0), r"attention.decay must be in \(0, 1\)"),
     ("sinkhorn", dict(block_size=0), "attention.block_size must be a positive integer"),
-    ("sinkhorn", dict(block_size=61), "attention.block_size=61 is larger than the 60 tokens"),
+    ("sinkhorn", dict(block_size=61), "attention.block_size=61 is more than the 60 tokens"),
     ("sinkhorn", dict(block_size=7, pad=False), "attention.block_size=7 does not divide the 60 tokens"),
     ("sinkhorn", dict(iters=101), "attention.iters must be in 1..100"),
     ("sinkhorn", dict(temperature=0.0), "attention.temperature must be a positive number"),

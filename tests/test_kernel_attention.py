@@ -4,15 +4,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import Host, attention_yaml, make_attention
+from conftest import Host, attention_yaml, backends, make_attention
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention
+from vitzoo.attention._kernel import RandomFeatureAttention
 from vitzoo.attention.base import dense_attention
 from vitzoo.attention.performer import favor_features
 from vitzoo.attention.rfa import fourier_features
 from vitzoo.flops import flop_analysis
 
-KERNEL_BACKENDS = ["linformer", "performer", "linear", "efficient", "rfa"]
+KERNEL_BACKENDS = backends("kernel")  # from the registry: linformer, performer, linear, efficient, rfa, ...
+RANDOM_FEATURES = backends("kernel", RandomFeatureAttention)  # performer, rfa, ...
 
 
 @pytest.mark.parametrize("spec,option", [
@@ -32,7 +34,7 @@ def test_bad_options_are_one_line_errors(spec, option):
 
 # ---------------------------------------------------------------- performer / rfa random features
 
-@pytest.mark.parametrize("name", ["performer", "rfa"])
+@pytest.mark.parametrize("name", RANDOM_FEATURES)
 def test_features_fixed_in_eval_and_redrawn_in_training(name):
     attn = make_attention(name, redraw_interval=3)
     x = torch.randn(2, 65, 32)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Host, attention_yaml, make_attention
+from conftest import Host, attention_yaml, backends, make_attention
 import vitzoo
 from vitzoo.attention import ConfigError, attention_config, dense_attention
 from vitzoo.attention.fnet import FNetMixing, fft_macs
@@ -15,7 +15,7 @@ from vitzoo.attention.nystrom import iterative_pinv, segments
 from vitzoo.flops import IGNORED_OPS, count_flops, flop_analysis
 from fvcore.nn.jit_analysis import _IGNORED_OPS as _FVCORE_IGNORED
 
-MINE = ["nystrom", "compressed", "synthesizer", "fnet", "gmlp", "mixer"]
+MINE = backends("mixers")  # from the registry: nystrom, compressed, synthesizer, fnet, gmlp, mixer, ...
 FIXED = [
     {"name": "mixer"},
     {"name": "gmlp"},
@@ -198,10 +198,10 @@ def test_compressed_without_reduction_is_softmax_attention():
     torch.manual_seed(0)
     attn = make_attention("compressed", (4, 4), 1, reduction=1).double().eval()
     x = torch.randn(2, 17, 32, dtype=torch.float64)
-    q = attn.heads(attn.q(x))
-    k, v = (attn.heads(t) for t in attn.kv(x).chunk(2, dim=-1))
+    (q,) = attn.to_heads(attn.q(x))
+    k, v = (attn.to_heads(t)[0] for t in attn.kv(x).chunk(2, dim=-1))
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, (4, 4)), attn.merge(dense_attention(q, k, v)))
+        torch.testing.assert_close(attn(x, (4, 4)), attn.merge_heads(dense_attention(q, k, v)))
 
 
 # --------------------------------------------------------------------------------------------- Synthesizer

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import Host, RecordShapes, attention_yaml, make_attention, token_by_token
+from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, build_attention
-from vitzoo.attention._sparse import axis_index, fit_dilation, neighbourhood_index
+from vitzoo.attention._sparse import SparsePatternAttention, axis_index, fit_dilation, neighbourhood_index
 from vitzoo.flops import flop_analysis
 
-SPARSE = ["local", "dilated", "global_tokens", "longformer", "bigbird", "multi_pattern"]
+SPARSE = backends("sparse", SparsePatternAttention)  # from the registry: local, dilated, global_tokens, ...
 NO_GLOBAL_HEADS = {"patterns": [["local", None], ["dilated", 1]]}
 
 

@@ -14,15 +14,20 @@ attends densely to all N keys (:func:`attend_pieces` on the whole sequence): O(P
 
 Gathers, sorts, scatters and logsumexps count 0 FLOPs; the matmuls in :func:`attend_pieces` are
 written with ``@`` on tensors that carry every batch dimension, so fvcore counts them exactly.
+
+:class:`DataDrivenAttention` is the backends' common base: the checks of the piece size against
+the grid (``attention.pad``) and the prefix rows, their reference and their cost.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from vitzoo.attention.base import Grid, QKVAttention, check, check_positive
 
 
 def ceil_to(n: int, multiple: int) -> int:
@@ -165,3 +170,72 @@ def dense_parts(scores: Tensor, weight: Tensor, v: Tensor) -> Tensor:
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = weight * (scores - m).exp()  # [..., M, K]
     return (p @ v) / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+
+
+def check_auto_size(cfg: Any, name: str) -> None:
+    """``attention.<name>`` is null (:func:`auto_size` picks it) or a positive integer."""
+    if getattr(cfg, name) is not None:
+        check_positive(cfg, name)
+
+
+def auto_size(value: Optional[int], grid: Grid) -> int:
+    """``value``, or ``⌈√M⌉`` for the M = H·W grid tokens when it is null (O(M^1.5) pieces)."""
+    return value or math.ceil(math.sqrt(grid[0] * grid[1]))
+
+
+class DataDrivenAttention(QKVAttention):
+    """Base of ``reformer``, ``routing`` and ``sinkhorn``: grid tokens in data-chosen pieces, prefix dense.
+
+    The config has ``pad`` (allow a piece size that does not divide the grid tokens). Grid queries
+    also attend to the P prefix keys (the backend merges that part); prefix queries attend to all
+    N keys (:meth:`prefix_rows`, :meth:`dense_prefix_rows`, :meth:`prefix_flops`).
+    """
+
+    family = "data_driven"
+
+    def split_prefix_qkv(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[tuple[Tensor, Tensor], ...]:
+        """``(qp, qg), (kp, kg), (vp, vg)``: prefix ``[B, h, P, d]`` and grid ``[B, h, M, d]`` parts."""
+        P = self.num_prefix
+        return split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+
+    def check_pieces(self, name: str, size: int, grid: Grid) -> int:
+        """``attention.<name>`` (value ``size``) cuts the M grid tokens: at most M, and a divisor of M
+        unless ``attention.pad``. Returns M."""
+        (H, W), m = grid, grid[0] * grid[1]
+        check(size <= m, f"attention.{name}={size} is more than the {m} tokens of the {H}x{W} grid")
+        check(self.cfg.pad or m % size == 0,
+              f"attention.{name}={size} does not divide the {m} tokens of the {H}x{W} grid; "
+              f"set attention.pad=true or pick a divisor")
+        return m
+
+    def prefix_rows(self, qp: Tensor, k: Tensor, v: Tensor, out_grid: Tensor,
+                    bias: Optional[Tensor] = None) -> Tensor:
+        """Prefix queries ``qp[B, h, P, d]`` attend densely to all keys; their rows go before ``out_grid``.
+
+        Args:
+            qp: prefix queries; k, v: all N keys and values ``[B, h, N, d]``.
+            out_grid: the grid queries' outputs ``[B, h, M, d]``.
+            bias: additive ``[P, N]`` bias of the prefix scores, or None.
+        """
+        if not self.num_prefix:
+            return out_grid
+        out_pre, _ = attend_pieces(qp, k, v, self.scale, bias, self.attn_drop)  # [B, h, P, d]
+        return torch.cat([out_pre, out_grid], dim=2)
+
+    def dense_prefix_rows(self, qp: Tensor, k: Tensor, v: Tensor, out_grid: Tensor,
+                          bias: Optional[Tensor] = None) -> Tensor:
+        """Reference of :meth:`prefix_rows`: ``softmax(qp kᵀ·scale + bias) v`` written out."""
+        if not self.num_prefix:
+            return out_grid
+        scores = (qp @ k.transpose(-2, -1)) * self.scale  # [B, h, P, N]
+        if bias is not None:
+            scores = scores + bias
+        return torch.cat([scores.softmax(-1) @ v, out_grid], dim=2)
+
+    def prefix_flops(self, grid: Grid) -> int:
+        """MACs of the prefix parts: grid queries vs prefix keys and prefix queries vs all keys."""
+        m, P, d, h = grid[0] * grid[1], self.num_prefix, self.head_dim, self.num_heads
+        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
+        flops = h * attend_pieces_flops(1, m, P, d)
+        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
+        return flops + h * attend_pieces_flops(1, P, P + m, d)

@@ -12,16 +12,19 @@ Random features (performer, rfa) live in :class:`RandomFeatures`: a buffer drawn
 seeded by the layer index and a draw counter, redrawn every ``redraw_interval`` training steps and
 never in eval. The draw depends only on ``(layer_index, step // redraw_interval)``, so every
 data-parallel rank draws the same features and a checkpoint (which stores the step count)
-resumes the same sequence of draws.
+resumes the same sequence of draws. :class:`RandomFeatureAttention` is their common base: the
+feature buffer, the fast and reference attention and the cost; a backend adds its feature map.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_non_negative, check_positive
 
 
 def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[float] = None) -> Tensor:
@@ -124,3 +127,60 @@ class RandomFeatures(nn.Module):
 def _resync_steps(module: RandomFeatures, incompatible_keys) -> None:
     """After ``load_state_dict``: continue counting from the checkpoint's step."""
     module._steps = int(module.steps)
+
+
+def check_random_features(cfg: Any) -> None:
+    """Options every random-feature config has: ``num_features`` > 0 and ``redraw_interval`` >= 0."""
+    check_positive(cfg, "num_features")
+    check_non_negative(cfg, "redraw_interval")
+
+
+class RandomFeatureAttention(QKVAttention):
+    """Base of kernel attention with random features (performer, rfa).
+
+    Keeps ``ω`` in ``self.features`` (:class:`RandomFeatures`, ``m = attention.num_features`` rows of
+    the head dim, redrawn every ``attention.redraw_interval`` training steps) and computes
+    ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` with the normaliser clamped to ``eps``. Subclasses implement
+    :meth:`feature_map` and set :attr:`features_per_row` (features φ makes from one row of ``ω``)
+    and :attr:`feature_symbol` (the name of m in :attr:`formula`).
+
+    Args:
+        cfg: the backend's config (``num_features``, ``redraw_interval``).
+        ctx: dims, heads, grid, prefix tokens and layer index (the draw's seed) from the host block.
+        lead: leading shape of ``ω``: ``()`` shared by the heads, ``(h,)`` one per head.
+        eps: lower clamp of the normaliser ``φ(q)ᵀΣφ(k)``.
+    """
+
+    family = "kernel"
+    linear_cost = True
+    features_per_row: ClassVar[int] = 1
+    feature_symbol: ClassVar[str] = "m"
+
+    def __init__(self, cfg: Any, ctx: MixerContext, lead: tuple[int, ...], eps: float):
+        super().__init__(cfg, ctx)
+        self.features = RandomFeatures(lead, cfg.num_features, self.head_dim, ctx.layer_index, cfg.redraw_interval)
+        self.eps = eps
+
+    def feature_map(self, x: Tensor, omega: Tensor, is_query: bool) -> Tensor:  # pragma: no cover - abstract
+        """``φ(x)``: ``x[B, h, N, d]`` -> ``[B, h, N, features_per_row·m]`` (up to factors that cancel)."""
+        raise NotImplementedError
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        omega = self.features()  # redraws in training when due
+        return kernel_attention(self.feature_map(q, omega, True), self.feature_map(k, omega, False), v, self.eps)
+
+    def attend_flops(self, grid: Grid) -> int:
+        n, m, d = self.seq_len(grid), self.cfg.num_features, self.head_dim
+        # feature projections ω·q and ω·k: N·d·m each per head -> 2NmC
+        features = 2 * self.num_heads * n * d * m
+        # φ(K)ᵀ[V | 1] and φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1] over the features_per_row·m features of φ
+        return features + kernel_attention_flops(self.num_heads, n, self.features_per_row * m, d)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        # explicit kernel matrix φ(Q)φ(K)ᵀ [N, N], then AV / A1 (same clamp)
+        omega = self.features.weight
+        phi_q, phi_k = self.feature_map(q, omega, True), self.feature_map(k, omega, False)
+        return kernel_attention_quadratic(phi_q, phi_k, v, self.eps)
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), self.feature_symbol: self.cfg.num_features}

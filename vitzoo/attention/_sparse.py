@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, dense_attention, sdpa, sdpa_flops
+from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check, check_non_negative, dense_attention, sdpa,
+                                  sdpa_flops)
 
 BORDERS = ("shift", "mask")
 
@@ -43,14 +44,6 @@ def check_odd_kernel(cfg: Any, name: str = "kernel_size") -> None:
     value = getattr(cfg, name)
     check(isinstance(value, int) and value > 0 and value % 2 == 1,
           f"attention.{name} must be a positive odd integer (got {value!r})")
-
-
-def check_non_negative(cfg: Any, *names: str) -> None:
-    """Every ``attention.<name>`` listed must be an integer >= 0."""
-    for name in names:
-        value = getattr(cfg, name)
-        check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-              f"attention.{name} must be a non-negative integer (got {value!r})")
 
 
 def check_num_global(num_global: int, grid: Grid, name: str = "num_global") -> None:
@@ -296,6 +289,7 @@ class SparsePatternAttention(QKVAttention):
         num_learned: learned global tokens g (keys/values seen by every query).
     """
 
+    family = "sparse"
     linear_cost = True
 
     def __init__(self, cfg: Any, ctx: MixerContext, num_learned: int = 0):
@@ -445,6 +439,36 @@ class NeighbourhoodAttention(SparsePatternAttention):
     def dilation_at(self, grid: Optional[Grid] = None) -> Grid:
         """Per-axis dilation used at ``grid`` (for ``extra_repr``)."""
         return fit_dilation(getattr(self.cfg, "dilation", 1), self.cfg.kernel_size, grid or self.grid)
+
+
+class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
+    """Neighbourhood heads plus ``attention.num_global`` learned global tokens (``global_tokens``, ``longformer``).
+
+    The one place ``num_global`` is handled: checked against the grid, turned into the learned
+    tokens of :class:`SparsePatternAttention`, and reported as ``g`` (with ``k``) in :meth:`symbols`.
+    The config has ``kernel_size`` and ``num_global`` (checked with :func:`check_num_global_option`).
+    Subclasses run their own checks before ``super().__init__`` and implement :meth:`head_patterns`.
+
+    Args:
+        cfg: the backend's config.
+        ctx: the host's context.
+    """
+
+    def __init__(self, cfg: Any, ctx: MixerContext):
+        check_num_global(cfg.num_global, ctx.grid)
+        super().__init__(cfg, ctx, num_learned=cfg.num_global)
+        self.setup()
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), "k": self.cfg.kernel_size, "g": self.num_learned}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, num_global={self.num_learned}"
+
+
+def check_num_global_option(cfg: Any) -> None:
+    """Config check of ``attention.num_global`` (a non-negative integer; the grid bound comes at construction)."""
+    check_non_negative(cfg, "num_global")
 
 
 def block_count(grid: Grid, block: int) -> Grid:

@@ -19,6 +19,9 @@ Capability flags are class attributes checked when the model is built:
 * ``fixed_length``: parameters depend on the sequence length fixed at construction.
 * ``takes_bias``: ``forward`` accepts an additive attention bias/mask.
 * ``linear_cost``: cost grows linearly with N at fixed options (sparse, windowed, linear backends).
+
+``family`` names the group of backends a class belongs to (a key of :data:`FAMILIES`); the test
+file :data:`FAMILIES` names for it picks its backends from the registry by this attribute.
 """
 from __future__ import annotations
 
@@ -33,6 +36,15 @@ from torch import Tensor, nn
 from vitzoo.registry import ConfigError
 
 Grid = tuple[int, int]
+
+FAMILIES = {
+    "dense": "tests/test_attention.py",  # global softmax attention
+    "window": "tests/test_attention.py",  # Swin windows (padding, shift and partition inside the backend)
+    "sparse": "tests/test_sparse_patterns.py",  # fixed sparse patterns (index buffers)
+    "data_driven": "tests/test_data_driven.py",  # sort / cluster / bucket by content
+    "kernel": "tests/test_kernel_attention.py",  # kernel (feature-map) and low-rank attention
+    "mixers": "tests/test_mixers.py",  # landmarks, compression, synthesised weights, attention-free mixers
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,22 @@ def check_positive(cfg: Any, *names: str) -> None:
         check(isinstance(value, int) and value > 0, f"attention.{name} must be a positive integer (got {value!r})")
 
 
+def check_non_negative(cfg: Any, *names: str) -> None:
+    """Every ``attention.<name>`` listed must be an integer >= 0."""
+    for name in names:
+        value = getattr(cfg, name)
+        check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+              f"attention.{name} must be a non-negative integer (got {value!r})")
+
+
+def check_positive_number(cfg: Any, *names: str) -> None:
+    """Every ``attention.<name>`` listed must be a positive int or float (not a bool)."""
+    for name in names:
+        value = getattr(cfg, name)
+        check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+              f"attention.{name} must be a positive number (got {value!r})")
+
+
 class TokenMixer(nn.Module):
     """Base class of every registered token mixer (see the module docstring for the contract).
 
@@ -86,7 +114,8 @@ class TokenMixer(nn.Module):
         ctx: the host's :class:`MixerContext`.
     """
 
-    formula: ClassVar[str] = ""
+    formula: ClassVar[str] = ""  # the one source of the cost text (README and YAML headers are tested against it)
+    family: ClassVar[str] = ""  # one of FAMILIES
     fixed_length: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
@@ -132,6 +161,30 @@ class TokenMixer(nn.Module):
         """Values of the symbols used in :attr:`formula` (N, C, h, ... ) at ``grid``."""
         return {"N": self.seq_len(grid), "C": self.dim, "h": self.num_heads}
 
+    def to_heads(self, t: Tensor, parts: int = 1) -> tuple[Tensor, ...]:
+        """Split a (fused) projection's output into heads.
+
+        Args:
+            t: ``[B, N, parts·C]``, e.g. q (``parts=1``), k|v (2) or q|k|v (3) side by side.
+            parts: how many C-wide tensors ``t`` holds.
+
+        Returns:
+            ``parts`` tensors ``[B, h, N, d]``.
+        """
+        B, N, _ = t.shape
+        t = t.reshape(B, N, parts, self.num_heads, self.head_dim)  # [B, N, parts, h, d]
+        return t.permute(2, 0, 3, 1, 4).unbind(0)  # parts x [B, h, N, d]
+
+    def merge_heads(self, o: Tensor) -> Tensor:
+        """``o[B, h, N, d] -> [B, N, C]`` followed by the output projection ``proj`` and ``proj_drop``.
+
+        Args:
+            o: per-head outputs; the mixer must have ``proj`` and ``proj_drop`` modules.
+        """
+        B, _, N, _ = o.shape
+        o = o.transpose(1, 2).reshape(B, N, self.dim)  # [B, N, C]
+        return self.proj_drop(self.proj(o))
+
     def extra_repr(self) -> str:
         return f"{self.registry_name}, dim={self.dim}, heads={self.num_heads}, grid={self.grid}, prefix={self.num_prefix}"
 
@@ -152,15 +205,7 @@ class QKVAttention(TokenMixer):
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``x[B, N, C] -> q, k, v`` each ``[B, h, N, d]``."""
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # [B, N, 3, h, d]
-        return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x [B, h, N, d]
-
-    def merge_heads(self, o: Tensor) -> Tensor:
-        """``o[B, h, N, d] -> [B, N, C]`` followed by the output projection."""
-        B, _, N, _ = o.shape
-        o = o.transpose(1, 2).reshape(B, N, self.dim)  # [B, N, C]
-        return self.proj_drop(self.proj(o))
+        return self.to_heads(self.qkv(x), 3)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         q, k, v = self.split_heads(x)

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import (HeadGroup, SparsePattern, SparsePatternAttention, block_count, check_non_negative,
-                                      check_odd_kernel, neighbourhood_index, neighbourhood_mask)
-from vitzoo.attention.base import Grid, MixerContext, check, check_positive
+from vitzoo.attention._sparse import (HeadGroup, SparsePattern, SparsePatternAttention, block_count, check_odd_kernel,
+                                      neighbourhood_index, neighbourhood_mask)
+from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 
 
 @dataclass
@@ -68,7 +68,7 @@ def block_tokens(grid: Grid, block: int) -> Tensor:
 class BigBirdAttention(SparsePatternAttention):
     """Block-sparse attention: window, global and random blocks.
 
-    Cost ``4NC² + 2(n_b - n_g)b²((w² + r)b² + G + P)C + 2(P + G)NC``: n_b blocks of the padded grid,
+    Its cost is :attr:`formula`: n_b blocks of the padded grid,
     n_g global blocks holding G real tokens, w² window blocks and r random blocks per query block
     (slots that end up masked are still computed and counted).
 

@@ -42,8 +42,8 @@ class CompressedConfig:
 
 @register_attention("compressed", CompressedConfig)
 class CompressedAttention(TokenMixer):
-    """Spatial-reduction attention. Cost ``2NC² + R(r²C² + 5C) + 2KC² + 2NKC`` with R = H'W' reduced
-    tokens (R = 0 terms for r = 1) and K = P + R keys.
+    """Spatial-reduction attention; its cost is :attr:`formula` with R = H'W' reduced tokens
+    (R = 0 terms for r = 1) and K = P + R keys.
 
     Args:
         cfg: :class:`CompressedConfig`.
@@ -51,6 +51,7 @@ class CompressedAttention(TokenMixer):
     """
 
     formula = "2NC² + R(r²C² + 5C) + 2KC² + 2NKC"
+    family = "mixers"
 
     def __init__(self, cfg: CompressedConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -89,30 +90,21 @@ class CompressedAttention(TokenMixer):
         reduced = self.norm(self.sr(img).flatten(2).transpose(1, 2))  # [B, H'·W', C]
         return torch.cat([prefix, reduced], dim=1)
 
-    def heads(self, t: Tensor) -> Tensor:
-        B, N, _ = t.shape
-        return t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, N, d]
-
-    def qkv(self, x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
-        B = x.shape[0]
-        q = self.heads(self.q(x))  # [B, h, N, d]
-        kv = self.kv(self.compress(x, grid))  # [B, K, 2C]
-        kv = kv.reshape(B, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # [2, B, h, K, d]
-        return q, kv[0], kv[1]
-
-    def merge(self, o: Tensor) -> Tensor:
-        B, _, N, _ = o.shape
-        return self.proj_drop(self.proj(o.transpose(1, 2).reshape(B, N, self.dim)))  # [B, N, C]
+    def split_heads(self, x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
+        """``x[B, N, C] -> q[B, h, N, d]`` and ``k, v[B, h, K, d]`` from the compressed tokens."""
+        (q,) = self.to_heads(self.q(x))  # [B, h, N, d]
+        k, v = self.to_heads(self.kv(self.compress(x, grid)), 2)  # [B, K, 2C] -> 2 x [B, h, K, d]
+        return q, k, v
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
-        q, k, v = self.qkv(x, grid)
-        return self.merge(sdpa(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0))
+        q, k, v = self.split_heads(x, grid)
+        return self.merge_heads(sdpa(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0))
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Keys/values written out: each reduced token is the conv applied to its r×r window by hand."""
         B, N, C = x.shape
         P, r = self.num_prefix, self.reduction
-        q = self.heads(x @ self.q.weight.T + (self.q.bias if self.q.bias is not None else 0))
+        (q,) = self.to_heads(x @ self.q.weight.T + (self.q.bias if self.q.bias is not None else 0))  # [B, h, N, d]
         if r == 1:
             keys = x
         else:
@@ -133,8 +125,8 @@ class CompressedAttention(TokenMixer):
             reduced = F.layer_norm(reduced, (C,), self.norm.weight, self.norm.bias, self.norm.eps)
             keys = torch.cat([x[:, :P], reduced], dim=1)
         kv = keys @ self.kv.weight.T + (self.kv.bias if self.kv.bias is not None else 0)
-        k, v = self.heads(kv[..., :C]), self.heads(kv[..., C:])
-        return self.merge(dense_attention(q, k, v))
+        k, v = self.to_heads(kv, 2)  # [B, K, 2C] -> 2 x [B, h, K, d]
+        return self.merge_heads(dense_attention(q, k, v))
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         grid = grid or self.grid

@@ -73,7 +73,7 @@ class FNetConfig:
 
 @register_attention("fnet", FNetConfig)
 class FNetMixing(TokenMixer):
-    """Parameter-free Fourier token mixing. Cost ``5/2·NC·log₂(NC)`` (see the module docstring).
+    """Parameter-free Fourier token mixing; its cost is :attr:`formula` (see the module docstring).
 
     Args:
         cfg: :class:`FNetConfig`.
@@ -81,6 +81,7 @@ class FNetMixing(TokenMixer):
     """
 
     formula = "5/2·NC·log₂(NC)"
+    family = "mixers"
     flop_handles = {"aten::fft_fft": fft_flop_jit, "aten::fft_fft2": fft_flop_jit, "aten::fft_fftn": fft_flop_jit,
                     "aten::real": None}
 

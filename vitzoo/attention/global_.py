@@ -23,9 +23,10 @@ class GlobalConfig:
 
 @register_attention("global", GlobalConfig)
 class GlobalAttention(QKVAttention):
-    """Multi-head self-attention over all N = P + H·W tokens. Cost ``4NC² + 2N²C``."""
+    """Multi-head self-attention over all N = P + H·W tokens; its cost is :attr:`formula`."""
 
     formula = "4NC² + 2N²C"
+    family = "dense"
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         return sdpa(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import (Neighbourhood, NeighbourhoodAttention, check_non_negative, check_num_global,
+from vitzoo.attention._sparse import (GlobalNeighbourhoodAttention, Neighbourhood, check_num_global_option,
                                       check_odd_kernel)
 from vitzoo.attention.base import Grid, MixerContext, check
 
@@ -31,35 +31,25 @@ class GlobalTokensConfig:
 
     def __post_init__(self):
         check_odd_kernel(self)
-        check_non_negative(self, "num_global")
+        check_num_global_option(self)
 
 
 @register_attention("global_tokens", GlobalTokensConfig)
-class GlobalTokensAttention(NeighbourhoodAttention):
-    """k×k neighbourhood attention plus P + g global tokens.
-
-    Cost ``4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C`` (L = H·W, P prefix, g learned tokens).
+class GlobalTokensAttention(GlobalNeighbourhoodAttention):
+    """k×k neighbourhood attention plus P + g global tokens; its cost is :attr:`formula`.
 
     Args:
         cfg: :class:`GlobalTokensConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C"
+    formula = "4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C"  # L = H·W, P prefix, g learned tokens
 
     def __init__(self, cfg: GlobalTokensConfig, ctx: MixerContext):
         check(cfg.num_global + ctx.num_prefix > 0,
               "attention.num_global=0 and the model has no class token, so there is no global token; "
               "set attention.num_global >= 1 or use attention=local")
-        check_num_global(cfg.num_global, ctx.grid)
-        super().__init__(cfg, ctx, num_learned=cfg.num_global)
-        self.setup()
+        super().__init__(cfg, ctx)
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         return [(self.num_heads, Neighbourhood(self.cfg.kernel_size))]
-
-    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "k": self.cfg.kernel_size, "g": self.num_learned}
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, num_global={self.num_learned}"

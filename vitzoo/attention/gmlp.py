@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention._tokens import TokenAxisMixin, mix_tokens
-from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check
+from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check_positive_number
 
 
 @dataclass
@@ -34,15 +34,12 @@ class GMLPConfig:
     interpolate: bool = False  # at another grid, resample W and b instead of failing
 
     def __post_init__(self):
-        for name in ("ffn_ratio", "init_eps"):
-            value = getattr(self, name)
-            check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-                  f"attention.{name} must be a positive number (got {value!r})")
+        check_positive_number(self, "ffn_ratio", "init_eps")
 
 
 @register_attention("gmlp", GMLPConfig)
 class SpatialGatingUnit(TokenAxisMixin, TokenMixer):
-    """gMLP's spatial gating unit with its channel projections. Cost ``3NDC + N²D + 5ND``.
+    """gMLP's spatial gating unit with its channel projections; its cost is :attr:`formula`.
 
     Args:
         cfg: :class:`GMLPConfig`.
@@ -50,6 +47,7 @@ class SpatialGatingUnit(TokenAxisMixin, TokenMixer):
     """
 
     formula = "3NDC + N²D + 5ND"
+    family = "mixers"
 
     def __init__(self, cfg: GMLPConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)

@@ -37,7 +37,7 @@ class LinearConfig:
 
 @register_attention("linear", LinearConfig)
 class LinearAttention(QKVAttention):
-    """Kernel attention with ``φ = elu + 1``. Cost ``4NC² + 2NdC + 2NC`` (d = C/h).
+    """Kernel attention with ``φ = elu + 1``; its cost is :attr:`formula` (d = C/h).
 
     Args:
         cfg: LinearConfig (validated options, see ``configs/attention/linear.yaml``).
@@ -45,6 +45,7 @@ class LinearAttention(QKVAttention):
     """
 
     formula = "4NC² + 2NdC + 2NC"
+    family = "kernel"
     linear_cost = True
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
@@ -69,7 +70,7 @@ class EfficientConfig:
 
 @register_attention("efficient", EfficientConfig)
 class EfficientAttention(QKVAttention):
-    """``ρq(Q)(ρk(K)ᵀV)``: d global context vectors mixed per query. Cost ``4NC² + 2NdC`` (d = C/h).
+    """``ρq(Q)(ρk(K)ᵀV)``: d global context vectors mixed per query; cost :attr:`formula` (d = C/h).
 
     Args:
         cfg: EfficientConfig (validated options, see ``configs/attention/efficient.yaml``).
@@ -77,6 +78,7 @@ class EfficientAttention(QKVAttention):
     """
 
     formula = "4NC² + 2NdC"
+    family = "kernel"
     linear_cost = True
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

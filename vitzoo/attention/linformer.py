@@ -46,7 +46,7 @@ class LinformerConfig:
 
 @register_attention("linformer", LinformerConfig)
 class LinformerAttention(QKVAttention):
-    """Attention over k sequence-projected keys/values. Cost ``4NC² + 4NkC``.
+    """Attention over k sequence-projected keys/values; its cost is :attr:`formula`.
 
     Args:
         cfg: LinformerConfig (validated options, see ``configs/attention/linformer.yaml``).
@@ -54,6 +54,7 @@ class LinformerAttention(QKVAttention):
     """
 
     formula = "4NC² + 4NkC"  # plus 4·(E/F entries) for resampling when run at another grid
+    family = "kernel"
     linear_cost = True
     fixed_length = True
 

@@ -48,7 +48,7 @@ class DilatedConfig:
 class LocalAttention(NeighbourhoodAttention):
     """Neighbourhood attention over k×k tokens.
 
-    Cost ``4NC² + 2k²LC + 2P(L + N)C`` with L = H·W grid tokens and P prefix tokens (without a class
+    Its cost is :attr:`formula` with L = H·W grid tokens and P prefix tokens (without a class
     token: ``4NC² + 2k²NC``): grid queries score k² neighbours plus P prefix keys, prefix queries
     score all N keys.
 
@@ -77,7 +77,7 @@ class LocalAttention(NeighbourhoodAttention):
 class DilatedAttention(LocalAttention):
     """Dilated neighbourhood attention: k×k keys spaced δ apart (δ fitted per axis to the grid).
 
-    Cost ``4NC² + 2k²LC + 2P(L + N)C`` (same as ``local``: k² keys per grid query).
+    Its cost is :attr:`formula`, the same as ``local`` (k² keys per grid query).
 
     Args:
         cfg: :class:`DilatedConfig`.

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import (Neighbourhood, NeighbourhoodAttention, check_non_negative, check_num_global,
+from vitzoo.attention._sparse import (GlobalNeighbourhoodAttention, Neighbourhood, check_num_global_option,
                                       check_odd_kernel)
-from vitzoo.attention.base import Grid, MixerContext, check, check_positive
+from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 
 
 @dataclass
@@ -37,14 +37,15 @@ class LongformerConfig:
     def __post_init__(self):
         check_odd_kernel(self)
         check_positive(self, "dilation")
-        check_non_negative(self, "dilated_heads", "num_global")
+        check_non_negative(self, "dilated_heads")
+        check_num_global_option(self)
 
 
 @register_attention("longformer", LongformerConfig)
-class LongformerAttention(NeighbourhoodAttention):
+class LongformerAttention(GlobalNeighbourhoodAttention):
     """Sliding windows (masked at the border), dilated windows on some heads, global tokens.
 
-    Cost ``4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C`` (L = H·W, P prefix, g learned tokens).
+    Its cost is :attr:`formula` (L = H·W, P prefix, g learned tokens).
 
     Args:
         cfg: :class:`LongformerConfig`.
@@ -57,18 +58,12 @@ class LongformerAttention(NeighbourhoodAttention):
         check(cfg.dilated_heads <= ctx.num_heads,
               f"attention.dilated_heads={cfg.dilated_heads} exceeds the layer's {ctx.num_heads} heads "
               f"(model.num_heads); pick 0..{ctx.num_heads}")
-        check_num_global(cfg.num_global, ctx.grid)
-        super().__init__(cfg, ctx, num_learned=cfg.num_global)
-        self.setup()
+        super().__init__(cfg, ctx)
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         k, dilated = self.cfg.kernel_size, self.cfg.dilated_heads
         return [(self.num_heads - dilated, Neighbourhood(k, 1, "mask")),
                 (dilated, Neighbourhood(k, self.cfg.dilation, "mask"))]
 
-    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "k": self.cfg.kernel_size, "g": self.num_learned}
-
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, dilation={self.dilation_at()} "
-                f"on {self.cfg.dilated_heads} heads, num_global={self.num_learned}")
+        return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads")

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention._tokens import TokenAxisMixin, mix_tokens
-from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check
+from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check_positive_number
 
 
 @dataclass
@@ -33,13 +33,12 @@ class MixerConfig:
     interpolate: bool = False  # at another grid, resample token-axis weights instead of failing
 
     def __post_init__(self):
-        check(isinstance(self.hidden_ratio, (int, float)) and not isinstance(self.hidden_ratio, bool)
-              and self.hidden_ratio > 0, f"attention.hidden_ratio must be a positive number (got {self.hidden_ratio!r})")
+        check_positive_number(self, "hidden_ratio")
 
 
 @register_attention("mixer", MixerConfig)
 class MLPMixerTokenMixing(TokenAxisMixin, TokenMixer):
-    """Token-mixing MLP of MLP-Mixer. Cost ``2NDC`` (plus resampling at another grid).
+    """Token-mixing MLP of MLP-Mixer; its cost is :attr:`formula` (plus resampling at another grid).
 
     Args:
         cfg: :class:`MixerConfig`.
@@ -47,6 +46,7 @@ class MLPMixerTokenMixing(TokenAxisMixin, TokenMixer):
     """
 
     formula = "2NDC"
+    family = "mixers"
 
     def __init__(self, cfg: MixerConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)

@@ -64,7 +64,7 @@ class MultiPatternConfig:
 class MultiPatternAttention(NeighbourhoodAttention):
     """Head groups with local, dilated or global patterns.
 
-    Cost ``4NC² + 2(k² + P)LC_s + 2LNC_g + 2PNC``: C_s = d·(local + dilated heads),
+    Its cost is :attr:`formula`: C_s = d·(local + dilated heads),
     C_g = d·(global heads), L = H·W, P prefix tokens.
 
     Args:

@@ -68,7 +68,7 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
 
 @register_attention("nystrom", NystromConfig)
 class NystromAttention(QKVAttention):
-    """Nyström approximation of softmax attention. Cost ``4NC² + 4NmC + 2m²C + 4·I·h·m³``.
+    """Nyström approximation of softmax attention; its cost is :attr:`formula`.
 
     Args:
         cfg: :class:`NystromConfig`.
@@ -76,6 +76,7 @@ class NystromAttention(QKVAttention):
     """
 
     formula = "4NC² + 4NmC + 2m²C + 4Ihm³"
+    family = "mixers"
     linear_cost = True
 
     def landmarks(self, t: Tensor) -> Tensor:

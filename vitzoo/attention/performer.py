@@ -13,21 +13,20 @@ normaliser is clamped to at least ``1e-6`` so that underflow gives 0, not NaN (t
 adds a small constant to every feature instead; the clamp saves a copy of the N×m features).
 
 ``ω`` is a buffer drawn from a generator seeded by the layer index; in training it is redrawn every
-``redraw_interval`` forward passes (see :class:`vitzoo.attention._kernel.RandomFeatures`); eval
+``redraw_interval`` forward passes (see :class:`vitzoo.attention._kernel.RandomFeatureAttention`); eval
 never redraws. A global mixer: prefix tokens (the class token) are ordinary tokens. There are no
 attention weights in the fast path, so ``attn_drop`` is not used.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._kernel import RandomFeatures, kernel_attention, kernel_attention_flops, kernel_attention_quadratic
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+from vitzoo.attention._kernel import RandomFeatureAttention, check_random_features
+from vitzoo.attention.base import MixerContext
 
 NORMALISER_FLOOR = 1e-6  # φ(q)ᵀΣφ(k) is clamped to at least this (it could underflow to 0)
 
@@ -38,9 +37,7 @@ class PerformerConfig:
     redraw_interval: int = 1000  # training steps between redraws of ω; 0 = never redraw
 
     def __post_init__(self):
-        check_positive(self, "num_features")
-        check(isinstance(self.redraw_interval, int) and self.redraw_interval >= 0,
-              f"attention.redraw_interval must be a non-negative integer (got {self.redraw_interval!r})")
+        check_random_features(self)
 
 
 def favor_features(x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
@@ -87,8 +84,8 @@ class ExpShift(torch.autograd.Function):
 
 
 @register_attention("performer", PerformerConfig)
-class PerformerAttention(QKVAttention):
-    """FAVOR+ attention. Cost ``4NC² + 2NmC + 2NmC + 2hNm``.
+class PerformerAttention(RandomFeatureAttention):
+    """FAVOR+ attention; its cost is :attr:`formula`.
 
     Args:
         cfg: PerformerConfig (validated options, see ``configs/attention/performer.yaml``).
@@ -96,28 +93,9 @@ class PerformerAttention(QKVAttention):
     """
 
     formula = "4NC² + 2NmC + 2NmC + 2hNm"
-    linear_cost = True
 
     def __init__(self, cfg: PerformerConfig, ctx: MixerContext):
-        super().__init__(cfg, ctx)
-        self.features = RandomFeatures((), cfg.num_features, self.head_dim, ctx.layer_index, cfg.redraw_interval)
+        super().__init__(cfg, ctx, lead=(), eps=NORMALISER_FLOOR)  # one ω [m, d] shared by the heads
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        omega = self.features()  # redraws in training when due
-        return kernel_attention(favor_features(q, omega, True), favor_features(k, omega, False), v, NORMALISER_FLOOR)
-
-    def attend_flops(self, grid: Grid) -> int:
-        n, m, d = self.seq_len(grid), self.cfg.num_features, self.head_dim
-        # feature projections Q·ωᵀ and K·ωᵀ: N·d·m each per head -> 2NmC
-        features = 2 * self.num_heads * n * d * m
-        # φ(K)ᵀ[V | 1]: N·m·(d+1), φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1]: N·m·(d+1) per head -> 2NmC + 2hNm
-        return features + kernel_attention_flops(self.num_heads, n, m, d)
-
-    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        # explicit kernel matrix φ(Q)φ(K)ᵀ [N, N], then AV / A1
-        omega = self.features.weight
-        phi_q, phi_k = favor_features(q, omega, True), favor_features(k, omega, False)
-        return kernel_attention_quadratic(phi_q, phi_k, v, NORMALISER_FLOOR)
-
-    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "m": self.cfg.num_features}
+    def feature_map(self, x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
+        return favor_features(x, omega, is_query)

@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._buckets import (attend_pieces, attend_pieces_flops, ceil_to, combine_parts, gather_tokens,
-                                       look_back, pad_tokens, prefix_part, sort_order, split_prefix, unsort)
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, ceil_to, combine_parts,
+                                       gather_tokens, look_back, pad_tokens, prefix_part, sort_order, unsort)
+from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 
 SELF_PENALTY = 1e5  # subtracted from a token's score with itself (the paper's 10^5)
 MAX_HASHES = 8
@@ -55,8 +55,13 @@ class ReformerConfig:
 
 
 @register_attention("reformer", ReformerConfig)
-class ReformerAttention(QKVAttention):
-    """LSH attention with shared QK over sorted chunks. Cost ``3NC² + n_h·(n_b/2)·MC + 4n_h·cLC + 2PMC + 2PNC`` (M grid tokens, L padded to chunks)."""
+class ReformerAttention(DataDrivenAttention):
+    """LSH attention with shared QK over sorted chunks; its cost is :attr:`formula` (M grid tokens, L padded to chunks).
+
+    Args:
+        cfg: :class:`ReformerConfig`.
+        ctx: the host's context (``layer_index`` seeds the rotations).
+    """
 
     formula = "3NC² + n_h·(n_b/2)·MC + 4n_h·cLC + 2PMC + 2PNC"
     linear_cost = True
@@ -72,18 +77,13 @@ class ReformerAttention(QKVAttention):
 
     def layout(self, grid: Grid) -> tuple[int, int]:
         """Chunk length c and padded grid length at ``grid`` (ConfigError when c does not divide and pad is off)."""
-        m = grid[0] * grid[1]
-        c = min(self.cfg.chunk_size, m)
-        check(self.cfg.pad or m % c == 0,
-              f"attention.chunk_size={c} does not divide the {m} tokens of the {grid[0]}x{grid[1]} grid; "
-              f"set attention.pad=true or pick a divisor")
+        c = min(self.cfg.chunk_size, grid[0] * grid[1])
+        m = self.check_pieces("chunk_size", c, grid)
         return c, ceil_to(m, c)
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``x[B, N, C] -> q, k = q/|q|, v``, each ``[B, h, N, d]``."""
-        B, N, _ = x.shape
-        qv = self.qv(x).reshape(B, N, 2, self.num_heads, self.head_dim)  # [B, N, 2, h, d]
-        q, v = qv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x [B, h, N, d]
+        q, v = self.to_heads(self.qv(x), 2)  # 2 x [B, h, N, d]
         return q, F.normalize(q, dim=-1), v
 
     def hash(self, x: Tensor) -> Tensor:
@@ -95,10 +95,20 @@ class ReformerAttention(QKVAttention):
         proj = proj.unflatten(-1, (self.cfg.n_hashes, -1))  # [B, h, M, n_hashes, n_b/2]
         return torch.cat([proj, -proj], dim=-1).argmax(dim=-1).transpose(-1, -2)  # [B, h, n_hashes, M]
 
-    def padded_buckets(self, k_grid: Tensor, length: int) -> Tensor:
-        """Buckets of the grid keys, pad tokens in bucket ``n_buckets``: ``[B, h, n_hashes, length]``."""
+    def sorted_buckets(self, k_grid: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Buckets of the grid keys and the order of every round, sorted by (bucket, position).
+
+        Args:
+            k_grid: grid keys ``[B, h, M, d]``.
+            length: M padded to whole chunks; pad tokens get bucket ``n_buckets`` (sorted last).
+
+        Returns:
+            ``buckets``, ``order`` and its ``inverse`` (see :func:`sort_order`), each ``[B, h, n_hashes, length]``.
+        """
         buckets = self.hash(k_grid)
-        return F.pad(buckets, (0, length - buckets.shape[-1]), value=self.cfg.n_buckets)
+        buckets = F.pad(buckets, (0, length - buckets.shape[-1]), value=self.cfg.n_buckets)  # [B, h, R, L]
+        pos = torch.arange(length, device=k_grid.device)
+        return (buckets, *sort_order(buckets * length + pos))
 
     def chunk_bias(self, buckets: Tensor, order: Tensor, c: int, dtype: torch.dtype) -> Tensor:
         """Additive bias ``[B, h, R, nc, c, 2c]`` of every chunk: bucket mask, self penalty, duplicates.
@@ -127,11 +137,9 @@ class ReformerAttention(QKVAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         P = self.num_prefix
         c, length = self.layout(grid)
-        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
-        buckets = self.padded_buckets(kg, length)  # [B, h, R, L]
-        pos = torch.arange(length, device=q.device)
-        order, inverse = sort_order(buckets * length + pos)  # [B, h, R, L]
+        buckets, order, inverse = self.sorted_buckets(kg, length)  # [B, h, R, L] each
         qs = gather_tokens(pad_tokens(qg, length), order).unflatten(-2, (-1, c))  # [B, h, R, nc, c, d]
         ks = look_back(gather_tokens(pad_tokens(kg, length), order).unflatten(-2, (-1, c)), dim=-3)
         vs = look_back(gather_tokens(pad_tokens(vg, length), order).unflatten(-2, (-1, c)), dim=-3)
@@ -145,10 +153,7 @@ class ReformerAttention(QKVAttention):
             out = torch.cat([out, out_p.unsqueeze(2)], dim=2)  # [B, h, R + 1, M, d]
             lse = torch.cat([lse, lse_p.unsqueeze(2)], dim=2)
         out_g = combine_parts(out, lse, dim=2)  # [B, h, M, d]
-        if not P:
-            return out_g
-        out_pre, _ = attend_pieces(qp, k, v, self.scale, self.prefix_bias(q), self.attn_drop)
-        return torch.cat([out_pre, out_g], dim=2)
+        return self.prefix_rows(qp, k, v, out_g, self.prefix_bias(q))
 
     def prefix_bias(self, q: Tensor) -> Tensor:
         """``[P, N]`` self penalty of the prefix queries (prefix token p is key p)."""
@@ -159,11 +164,10 @@ class ReformerAttention(QKVAttention):
         """Dense ``[M, M]`` masks per round (same bucket, chunk(j) in {chunk(i), chunk(i) - 1}), one joint softmax."""
         P = self.num_prefix
         c, length = self.layout(grid)
-        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
-        buckets = self.padded_buckets(kg, length)  # [B, h, R, L]
-        order = (buckets * length + torch.arange(length, device=q.device)).argsort(-1)
-        chunk = order.argsort(-1)[..., :m] // c  # [B, h, R, M] chunk of every grid token
+        buckets, _, inverse = self.sorted_buckets(kg, length)  # [B, h, R, L] each
+        chunk = inverse[..., :m] // c  # [B, h, R, M] chunk of every grid token
         b = buckets[..., :m]
         same = b.unsqueeze(-1) == b.unsqueeze(-2)  # [B, h, R, M, M]
         gap = chunk.unsqueeze(-1) - chunk.unsqueeze(-2)  # query chunk - key chunk
@@ -179,10 +183,7 @@ class ReformerAttention(QKVAttention):
             scores = torch.cat([scores, (qg @ kp.transpose(-2, -1)) * self.scale], dim=-1)  # [B, h, M, R·M + P]
             values = torch.cat([values, vp], dim=-2)
         out = scores.softmax(-1) @ values  # [B, h, M, d]
-        if not P:
-            return out
-        s_pre = (qp @ k.transpose(-2, -1)) * self.scale + self.prefix_bias(q)  # [B, h, P, N]
-        return torch.cat([s_pre.softmax(-1) @ v, out], dim=2)
+        return self.dense_prefix_rows(qp, k, v, out, self.prefix_bias(q))
 
     def projection_flops(self, n: int) -> int:
         """Shared query-key and value projection ``2nC²`` plus output projection ``nC²``."""
@@ -190,17 +191,12 @@ class ReformerAttention(QKVAttention):
 
     def attend_flops(self, grid: Grid) -> int:
         c, length = self.layout(grid)
-        m, P, R, d, h = grid[0] * grid[1], self.num_prefix, self.cfg.n_hashes, self.head_dim, self.num_heads
-        n = P + m
+        m, R, d, h = grid[0] * grid[1], self.cfg.n_hashes, self.head_dim, self.num_heads
         # hashing x @ rotations: M·d·(R·n_b/2) per head
         flops = h * m * d * R * self.cfg.n_buckets // 2
         # per round and chunk: q kᵀ (c·2c·d) and attn v (c·2c·d) per head
         flops += h * attend_pieces_flops(R * length // c, c, 2 * c, d)
-        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
-        flops += h * attend_pieces_flops(1, m, P, d)
-        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
-        flops += h * attend_pieces_flops(1, P, n, d) if P else 0
-        return flops
+        return flops + self.prefix_flops(grid)  # prefix keys of the grid queries, prefix queries
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid

@@ -12,21 +12,20 @@ normaliser ≤ 0, it is clamped to at least ``eps``. This is the non-causal RFA 
 
 ``ω`` is a buffer of orthogonal Gaussian rows (same marginals as the paper's i.i.d. rows, lower
 variance) drawn from a generator seeded by the layer index, redrawn every ``redraw_interval``
-training steps and fixed in eval (:class:`vitzoo.attention._kernel.RandomFeatures`). A global
+training steps and fixed in eval (:class:`vitzoo.attention._kernel.RandomFeatureAttention`). A global
 mixer: prefix tokens (the class token) are ordinary tokens. ``attn_drop`` is not used.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._kernel import RandomFeatures, kernel_attention, kernel_attention_flops, kernel_attention_quadratic
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+from vitzoo.attention._kernel import RandomFeatureAttention, check_random_features
+from vitzoo.attention.base import MixerContext, check_positive_number
 
 
 @dataclass
@@ -38,12 +37,8 @@ class RFAConfig:
     eps: float = 1e-3  # lower clamp of the normaliser φ(q)ᵀΣφ(k)
 
     def __post_init__(self):
-        check_positive(self, "num_features")
-        check(isinstance(self.redraw_interval, int) and self.redraw_interval >= 0,
-              f"attention.redraw_interval must be a non-negative integer (got {self.redraw_interval!r})")
-        check(isinstance(self.scale, (int, float)) and self.scale > 0,
-              f"attention.scale must be a positive number (got {self.scale!r})")
-        check(isinstance(self.eps, (int, float)) and self.eps > 0, f"attention.eps must be a positive number (got {self.eps!r})")
+        check_random_features(self)
+        check_positive_number(self, "scale", "eps")
 
 
 def fourier_features(x: Tensor, scale: Tensor, omega: Tensor) -> Tensor:
@@ -64,8 +59,8 @@ def fourier_features(x: Tensor, scale: Tensor, omega: Tensor) -> Tensor:
 
 
 @register_attention("rfa", RFAConfig)
-class RFAAttention(QKVAttention):
-    """Random Feature Attention. Cost ``4NC² + 2NDC + 4NDC + 4hND``.
+class RFAAttention(RandomFeatureAttention):
+    """Random Feature Attention; its cost is :attr:`formula` (D random directions, 2D features).
 
     Args:
         cfg: RFAConfig (validated options, see ``configs/attention/rfa.yaml``).
@@ -73,36 +68,17 @@ class RFAAttention(QKVAttention):
     """
 
     formula = "4NC² + 2NDC + 4NDC + 4hND"
-    linear_cost = True
+    features_per_row = 2  # a sin and a cos feature per direction
+    feature_symbol = "D"
 
     def __init__(self, cfg: RFAConfig, ctx: MixerContext):
-        super().__init__(cfg, ctx)
+        # one ω [D, d] per head; the clamp on φ(q)ᵀΣφ(k) is for features without their 1/√D
+        super().__init__(cfg, ctx, lead=(ctx.num_heads,), eps=cfg.eps * cfg.num_features)
         scale = torch.full((self.num_heads, 1, self.head_dim), float(cfg.scale))  # [h, 1, d]
         if cfg.learn_scale:
             self.scale_param = nn.Parameter(scale)
         else:
             self.register_buffer("scale_param", scale)
-        self.features = RandomFeatures((self.num_heads,), cfg.num_features, self.head_dim, ctx.layer_index,
-                                       cfg.redraw_interval)
-        self.eps = cfg.eps * cfg.num_features  # the clamp on φ(q)ᵀΣφ(k), for features without their 1/√D
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        omega = self.features()  # redraws in training when due
-        phi_q, phi_k = fourier_features(q, self.scale_param, omega), fourier_features(k, self.scale_param, omega)
-        return kernel_attention(phi_q, phi_k, v, eps=self.eps)
-
-    def attend_flops(self, grid: Grid) -> int:
-        n, D, d = self.seq_len(grid), self.cfg.num_features, self.head_dim
-        # projections ω·q and ω·k: N·d·D each per head -> 2NDC
-        features = 2 * self.num_heads * n * d * D
-        # φ(K)ᵀV: N·2D·d, φ(Q)(φ(K)ᵀV): N·2D·d (-> 4NDC), normaliser φ(Q)(φ(K)ᵀ1): N·2D, per head
-        return features + kernel_attention_flops(self.num_heads, n, 2 * D, d)
-
-    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        # explicit kernel matrix φ(Q)φ(K)ᵀ [N, N], then AV / A1 (same clamp)
-        omega = self.features.weight
-        phi_q, phi_k = fourier_features(q, self.scale_param, omega), fourier_features(k, self.scale_param, omega)
-        return kernel_attention_quadratic(phi_q, phi_k, v, eps=self.eps)
-
-    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "D": self.cfg.num_features}
+    def feature_map(self, x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
+        return fourier_features(x, self.scale_param, omega)

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._buckets import (attend_pieces, attend_pieces_flops, dense_parts, gather_tokens, prefix_part,
-                                       scatter_combine, split_prefix)
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, auto_size, check_auto_size,
+                                       dense_parts, gather_tokens, prefix_part, scatter_combine)
+from vitzoo.attention.base import Grid, MixerContext, check
 
 
 @dataclass
@@ -45,21 +45,25 @@ class RoutingConfig:
     pad: bool = True  # allow K not dividing M (cluster size ⌈M/K⌉); false = error when it does not divide
 
     def __post_init__(self):
-        if self.num_clusters is not None:
-            check_positive(self, "num_clusters")
+        check_auto_size(self, "num_clusters")
         check(isinstance(self.decay, (int, float)) and 0.0 < self.decay < 1.0,
               f"attention.decay must be in (0, 1) (got {self.decay!r})")
 
 
 @register_attention("routing", RoutingConfig)
-class RoutingAttention(QKVAttention):
-    """Attention within balanced k-means clusters. Cost ``4NC² + 2MKC + 2Kw²C + 2PMC + 2PNC``."""
+class RoutingAttention(DataDrivenAttention):
+    """Attention within balanced k-means clusters; its cost is :attr:`formula`.
+
+    Args:
+        cfg: :class:`RoutingConfig`.
+        ctx: the host's context (``layer_index`` seeds the centroids).
+    """
 
     formula = "4NC² + 2MKC + 2Kw²C + 2PMC + 2PNC"
 
     def __init__(self, cfg: RoutingConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
-        self.num_clusters = cfg.num_clusters or math.ceil(math.sqrt(ctx.grid[0] * ctx.grid[1]))
+        self.num_clusters = auto_size(cfg.num_clusters, ctx.grid)
         self.cluster_size(ctx.grid)
         g = torch.Generator().manual_seed(ctx.layer_index)
         mu = F.normalize(torch.randn(self.num_heads, self.num_clusters, self.head_dim, generator=g), dim=-1)
@@ -67,12 +71,8 @@ class RoutingAttention(QKVAttention):
 
     def cluster_size(self, grid: Grid) -> int:
         """Tokens w per cluster at ``grid`` (ConfigError when K is out of range or does not divide with pad off)."""
-        m, k = grid[0] * grid[1], self.num_clusters
-        check(k <= m, f"attention.num_clusters={k} is more than the {m} tokens of the {grid[0]}x{grid[1]} grid")
-        check(self.cfg.pad or m % k == 0,
-              f"attention.num_clusters={k} does not divide the {m} tokens of the {grid[0]}x{grid[1]} grid; "
-              f"set attention.pad=true or pick a divisor")
-        return math.ceil(m / k)
+        m = self.check_pieces("num_clusters", self.num_clusters, grid)
+        return math.ceil(m / self.num_clusters)
 
     def route(self, q: Tensor, k: Tensor, w: int, update: bool = False) -> tuple[Tensor, Tensor]:
         """Token indices ``[B, h, K, w]`` of the queries and of the keys of every cluster.
@@ -105,22 +105,19 @@ class RoutingAttention(QKVAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         P = self.num_prefix
-        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         idx_q, idx_k = self.route(qg, kg, self.cluster_size(grid), update=self.training)
         qc = gather_tokens(qg, idx_q)  # [B, h, K, w, d]
         kc, vc = gather_tokens(kg, idx_k), gather_tokens(vg, idx_k)  # [B, h, K, w, d]
         out, lse = attend_pieces(qc, kc, vc, self.scale, drop=self.attn_drop)  # [B, h, K, w, d], [B, h, K, w]
         extra = prefix_part(qg, kp, vp, self.scale, self.attn_drop) if P else None
         out_g = scatter_combine(out, lse, idx_q, qg.shape[-2], extra)  # [B, h, M, d]
-        if not P:
-            return out_g
-        out_pre, _ = attend_pieces(qp, k, v, self.scale, drop=self.attn_drop)  # [B, h, P, d]
-        return torch.cat([out_pre, out_g], dim=2)
+        return self.prefix_rows(qp, k, v, out_g)
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """Dense: key j counts for query i once per cluster holding i as a query and j as a key."""
         P = self.num_prefix
-        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
         idx_q, idx_k = self.route(qg, kg, self.cluster_size(grid))
         member_q = F.one_hot(idx_q, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h, M, K]
@@ -129,22 +126,16 @@ class RoutingAttention(QKVAttention):
         count = torch.cat([count, count.new_ones(*count.shape[:-1], P)], dim=-1)  # prefix keys once
         scores = (qg @ torch.cat([kg, kp], 2).transpose(-2, -1)) * self.scale  # [B, h, M, M + P]
         out = dense_parts(scores, count, torch.cat([vg, vp], 2))
-        if not P:
-            return out
-        return torch.cat([((qp @ k.transpose(-2, -1)) * self.scale).softmax(-1) @ v, out], dim=2)
+        return self.dense_prefix_rows(qp, k, v, out)
 
     def attend_flops(self, grid: Grid) -> int:
-        m, P, d, h, K = grid[0] * grid[1], self.num_prefix, self.head_dim, self.num_heads, self.num_clusters
+        m, d, h, K = grid[0] * grid[1], self.head_dim, self.num_heads, self.num_clusters
         w = self.cluster_size(grid)
         # centroid scores of queries and of keys: qn @ mu and kn @ mu, M·d·K each per head
         flops = 2 * h * m * d * K
         # per cluster: q kᵀ (w·w·d) and attn v (w·w·d) per head
         flops += h * attend_pieces_flops(K, w, w, d)
-        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
-        flops += h * attend_pieces_flops(1, m, P, d)
-        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
-        flops += h * attend_pieces_flops(1, P, P + m, d) if P else 0
-        return flops
+        return flops + self.prefix_flops(grid)  # prefix keys of the grid queries, prefix queries
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid

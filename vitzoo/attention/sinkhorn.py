@@ -30,9 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._buckets import (attend_pieces, attend_pieces_flops, ceil_to, combine_parts, dense_parts,
-                                       pad_tokens, prefix_part, split_prefix)
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
+from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, auto_size, ceil_to,
+                                       check_auto_size, combine_parts, dense_parts, pad_tokens, prefix_part)
+from vitzoo.attention.base import Grid, MixerContext, check, check_positive, check_positive_number
 
 MAX_ITERS = 100
 
@@ -46,17 +46,20 @@ class SinkhornConfig:
     pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
 
     def __post_init__(self):
-        if self.block_size is not None:
-            check_positive(self, "block_size")
+        check_auto_size(self, "block_size")
         check_positive(self, "sort_dim", "iters")
         check(self.iters <= MAX_ITERS, f"attention.iters must be in 1..{MAX_ITERS} (got {self.iters})")
-        check(isinstance(self.temperature, (int, float)) and self.temperature > 0,
-              f"attention.temperature must be a positive number (got {self.temperature!r})")
+        check_positive_number(self, "temperature")
 
 
 @register_attention("sinkhorn", SinkhornConfig)
-class SinkhornAttention(QKVAttention):
-    """Local block plus Sinkhorn-sorted block attention. Cost ``4NC² + 4LbC + 2·nb·LC + 2·nb·sC + h·nb²·s + 2PMC + 2PNC`` (L padded grid tokens, s sort dim)."""
+class SinkhornAttention(DataDrivenAttention):
+    """Local block plus Sinkhorn-sorted block attention; its cost is :attr:`formula` (L padded grid tokens, s sort dim).
+
+    Args:
+        cfg: :class:`SinkhornConfig`.
+        ctx: the host's context.
+    """
 
     formula = "4NC² + 4LbC + 2·nb·LC + 2·nb·sC + h·nb²·s + 2PMC + 2PNC"
 
@@ -68,12 +71,8 @@ class SinkhornAttention(QKVAttention):
 
     def layout(self, grid: Grid) -> tuple[int, int]:
         """Block size b and number of blocks nb at ``grid`` (ConfigError when b is out of range or does not divide)."""
-        m = grid[0] * grid[1]
-        b = self.cfg.block_size or math.ceil(math.sqrt(m))
-        check(b <= m, f"attention.block_size={b} is larger than the {m} tokens of the {grid[0]}x{grid[1]} grid")
-        check(self.cfg.pad or m % b == 0,
-              f"attention.block_size={b} does not divide the {m} tokens of the {grid[0]}x{grid[1]} grid; "
-              f"set attention.pad=true or pick a divisor")
+        b = auto_size(self.cfg.block_size, grid)
+        m = self.check_pieces("block_size", b, grid)
         return b, ceil_to(m, b) // b
 
     def sort_matrix(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
@@ -111,7 +110,7 @@ class SinkhornAttention(QKVAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         P = self.num_prefix
         b, nb = self.layout(grid)
-        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
         qb, kb, vb = (pad_tokens(t, nb * b).unflatten(-2, (nb, b)) for t in (qg, kg, vg))  # [B, h, nb, b, d]
         r = self.sort_matrix(qb, kb, m)  # [B, h, nb, nb]
@@ -125,14 +124,13 @@ class SinkhornAttention(QKVAttention):
             return out
         out_p, lse_p = prefix_part(qg, kp, vp, self.scale, self.attn_drop)
         out_g = combine_parts(torch.stack([out, out_p], 2), torch.stack([lse, lse_p], 2), dim=2)  # [B, h, M, d]
-        out_pre, _ = attend_pieces(qp, k, v, self.scale, drop=self.attn_drop)  # [B, h, P, d]
-        return torch.cat([out_pre, out_g], dim=2)
+        return self.prefix_rows(qp, k, v, out_g)
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """Dense: sorted keys ``(R ⊗ I_b)K`` as extra slots, same-block mask, slot weights ``(R ⊗ I_b)·valid``."""
         P = self.num_prefix
         b, nb = self.layout(grid)
-        (qp, qg), (kp, kg), (vp, vg) = split_prefix(q, P), split_prefix(k, P), split_prefix(v, P)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m, length = qg.shape[-2], nb * b
         kpad, vpad = pad_tokens(kg, length), pad_tokens(vg, length)  # [B, h, L, d]
         r = self.sort_matrix(pad_tokens(qg, length).unflatten(-2, (nb, b)), kpad.unflatten(-2, (nb, b)), m)
@@ -146,13 +144,11 @@ class SinkhornAttention(QKVAttention):
         keys = torch.cat([kpad, perm @ kpad, kp], dim=-2)  # [B, h, 2L + P, d]
         values = torch.cat([vpad, perm @ vpad, vp], dim=-2)
         out = dense_parts((qg @ keys.transpose(-2, -1)) * self.scale, weight, values)  # [B, h, M, d]
-        if not P:
-            return out
-        return torch.cat([((qp @ k.transpose(-2, -1)) * self.scale).softmax(-1) @ v, out], dim=2)
+        return self.dense_prefix_rows(qp, k, v, out)
 
     def attend_flops(self, grid: Grid) -> int:
         b, nb = self.layout(grid)
-        m, P, d, h, s = grid[0] * grid[1], self.num_prefix, self.head_dim, self.num_heads, self.cfg.sort_dim
+        d, h, s = self.head_dim, self.num_heads, self.cfg.sort_dim
         # sorting network: sort_q and sort_k linears on the block means (nb·d·s each per head)
         flops = 2 * h * nb * d * s
         # block-pair scores f(q̄) @ g(k̄)ᵀ: nb·nb·s per head
@@ -161,11 +157,7 @@ class SinkhornAttention(QKVAttention):
         flops += 2 * h * nb * nb * b * d
         # per block: q kᵀ (b·2b·d) and attn v (b·2b·d) against local + sorted block, per head
         flops += h * attend_pieces_flops(nb, b, 2 * b, d)
-        # grid queries vs prefix keys: q kᵀ (M·P·d) and attn v (M·P·d) per head
-        flops += h * attend_pieces_flops(1, m, P, d)
-        # prefix queries vs all keys: q kᵀ (P·N·d) and attn v (P·N·d) per head
-        flops += h * attend_pieces_flops(1, P, P + m, d) if P else 0
-        return flops
+        return flops + self.prefix_flops(grid)  # prefix keys of the grid queries, prefix queries
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid

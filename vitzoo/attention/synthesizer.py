@@ -51,7 +51,7 @@ class SynthesizerConfig:
 
 @register_attention("synthesizer", SynthesizerConfig)
 class SynthesizerAttention(TokenAxisMixin, TokenMixer):
-    """Dense or random Synthesizer. Cost dense ``3NC² + 2N²C``; random ``2NC² + N²C`` (+ ``hN²r`` factorised).
+    """Dense or random Synthesizer; its cost is :attr:`formula` (the instance's follows its mode).
 
     Args:
         cfg: :class:`SynthesizerConfig`.
@@ -59,6 +59,7 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
     """
 
     formula = "3NC² + 2N²C"  # dense; the instance's formula follows its mode
+    family = "mixers"
 
     def __init__(self, cfg: SynthesizerConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -92,11 +93,10 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
 
     def logits(self, x: Tensor, grid: Grid) -> Tensor:
         """Synthesised logits ``B``: ``[B, h, N, N]`` (dense) or ``[h, N, N]`` (random, shared by the batch)."""
-        B, N, _ = x.shape
         if self.mode == "dense":
             w2 = self.token_param(self.dense2_weight, grid, dim=1)  # [h, N, d]
             b2 = self.token_param(self.dense2_bias, grid, dim=1)  # [h, N]
-            hid = F.relu(self.dense1(x)).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, N, d]
+            (hid,) = self.to_heads(F.relu(self.dense1(x)))  # [B, h, N, d]
             return hid @ w2.transpose(-2, -1) + b2[:, None, :]  # [B, h, N, N]
         factors = self.random_factors()
         if self.rank is None:
@@ -105,25 +105,17 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
         r1, r2 = (self.token_param(f, grid, dim=1) for f in factors)  # [h, N, r] each
         return r1 @ r2.transpose(-2, -1)  # [h, N, N]
 
-    def values(self, x: Tensor) -> Tensor:
-        B, N, _ = x.shape
-        return self.v(x).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)  # [B, h, N, d]
-
-    def merge(self, o: Tensor) -> Tensor:
-        B, _, N, _ = o.shape
-        return self.proj_drop(self.proj(o.transpose(1, 2).reshape(B, N, self.dim)))  # [B, N, C]
-
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
-        v = self.values(x)
+        (v,) = self.to_heads(self.v(x))  # [B, h, N, d]
         attn = self.logits(x, grid).softmax(dim=-1)
         attn = self.attn_drop(attn.expand(x.shape[0], -1, -1, -1))  # [B, h, N, N]
-        return self.merge(attn @ v)
+        return self.merge_heads(attn @ v)
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Row by row: ``yᵢ = Σⱼ softmax(B[i, :])ⱼ vⱼ`` with B written out per token (dense) or per head (random)."""
         B, N, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        v = self.values(x)
+        (v,) = self.to_heads(self.v(x))  # [B, h, N, d]
         if self.mode == "dense":
             w2 = self.token_param(self.dense2_weight, grid, dim=1)
             b2 = self.token_param(self.dense2_bias, grid, dim=1)
@@ -141,7 +133,7 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
             logits = logits.expand(B, h, N, N)
         weights = torch.exp(logits - logits.amax(-1, keepdim=True))
         weights = weights / weights.sum(-1, keepdim=True)
-        return self.merge(torch.einsum("bhij,bhjd->bhid", weights, v))
+        return self.merge_heads(torch.einsum("bhij,bhjd->bhid", weights, v))
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         grid = grid or self.grid

@@ -112,13 +112,11 @@ def relative_position_index(window: int) -> Tensor:
 
 @register_attention("window", WindowConfig)
 class WindowAttention(QKVAttention):
-    """W-MSA over windows of M×M tokens (SW-MSA when the block is built ``shifted``); cost: :attr:`formula`.
-
-    With P prefix tokens joining each of the nW windows (T = P + M² tokens per window) the cost is
-    ``nW·(4TC² + 2T²C)``.
-    """
+    """W-MSA over windows of M×M tokens (SW-MSA when the block is built ``shifted``); cost: :attr:`formula`
+    (with P prefix tokens joining each of the nW windows, T = P + M² tokens per window)."""
 
     formula = "4NC² + 2M²NC + nW·(4PC² + 4PM²C + 2P²C)"
+    family = "window"
     takes_bias = True
     linear_cost = True
 

@@ -1,0 +1,40 @@
+"""Each backend's class attribute ``formula`` is the one source of its cost text.
+
+README.md's "Attention backends" table and the first line of ``configs/attention/<name>.yaml``
+repeat it; these tests keep both copies equal to the class attribute, and the table's rows equal
+to the registry.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import ATTENTION_NAMES, CONFIGS, attention_classes
+
+README = CONFIGS.parent / "README.md"
+ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \|")
+
+
+def readme_formulas() -> dict[str, str]:
+    """``{backend: formula}`` from the rows of README.md's "Attention backends" table."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Attention backends", 1)[1].split("\n## ", 1)[0]
+    rows = [ROW.match(line) for line in section.splitlines()]
+    return {m.group(1): m.group(2) for m in rows if m}
+
+
+def test_readme_table_lists_exactly_the_registered_backends():
+    assert sorted(readme_formulas()) == sorted(ATTENTION_NAMES)
+
+
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_readme_row_shows_the_class_formula(name):
+    assert readme_formulas().get(name) == attention_classes()[name].formula
+
+
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_yaml_first_line_contains_the_class_formula(name):
+    first = (CONFIGS / "attention" / f"{name}.yaml").read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# "), f"{name}.yaml must start with a one-line description comment"
+    assert attention_classes()[name].formula in first, f"{name}.yaml: {first!r}"
