@@ -126,6 +126,7 @@ class Registry:
         return build_config(config_cls, {**self._defaults.get(name, {}), **options}, self.kind)
 
     def name_of(self, config: Any) -> str:
+        """The name registered with ``config``'s class (one name per class, as :meth:`register` ensures)."""
         for name, (_, config_cls) in self._entries.items():
             if type(config) is config_cls:
                 return name
