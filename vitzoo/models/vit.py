@@ -72,7 +72,7 @@ class VisionTransformer(nn.Module):
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
         self.blocks = nn.ModuleList([
             Block(self.attention_cfg, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
-                                          cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size),
+                                                   cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size),
                   cfg.mlp_ratio, shifted=i % 2 == 1, drop=cfg.drop_rate, drop_path=dpr[i])
             for i in range(cfg.depth)
         ])

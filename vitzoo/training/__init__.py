@@ -13,5 +13,5 @@ from vitzoo.training.utils import BenchmarkConfig, run_entry
 ConfigStore.instance().store(group="optim", name="default", node=OptimConfig)
 ConfigStore.instance().store(group="benchmark", name="default", node=BenchmarkConfig)
 
-__all__ = ["BenchmarkConfig", "CIFARDataModule", "DigitsDataModule", "ImageDataModule", "ImageFolderDataModule", "OptimConfig", "VitModule", "evaluate",
-           "fit", "run_entry", "train"]
+__all__ = ["BenchmarkConfig", "CIFARDataModule", "DigitsDataModule", "ImageDataModule", "ImageFolderDataModule",
+           "OptimConfig", "VitModule", "evaluate", "fit", "run_entry", "train"]

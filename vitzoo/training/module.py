@@ -19,7 +19,6 @@ from vitzoo.models import create_model
 from vitzoo.registry import ConfigError, build_config
 
 
-
 @dataclass
 class OptimConfig:
     """The ``optim`` options (``python train.py optim.lr=3e-4``): AdamW, then a per-step cosine schedule."""
