@@ -107,7 +107,7 @@ def attention_spec(values: dict[str, Any], default: str) -> dict[str, Any]:
 
 
 def default_attention(model: str) -> str:
-    return "window" if model.startswith("swin") else "global"
+    return vitzoo.models.natural_attention(model)  # the family's own: Swin window, ViT global
 
 
 def build(model: str, spec: Any, **overrides: Any) -> torch.nn.Module:

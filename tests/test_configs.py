@@ -1,4 +1,4 @@
-"""Every config in every group composes and resolves; model configs mirror the model registry."""
+"""Every config in every group composes and resolves; model configs agree with the model registry."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +9,12 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs with Hydra's ConfigStore)
 from conftest import CONFIGS
-from vitzoo.models import FAMILIES, VARIANTS, model_config
+from vitzoo.models import MODELS, list_models, model_config, natural_attention
+from vitzoo.registry import ConfigError
+from vitzoo.training import BenchmarkConfig, OptimConfig, VitModule
+from vitzoo.training.utils import benchmark_config
 
 GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONFIGS / g).glob("*.yaml"))]
@@ -37,7 +41,7 @@ def test_every_config_composes_and_resolves(group, option, tmp_path):
     data = resolved(cfg, tmp_path)
     for key in ("model", "data", "attention", "trainer", "optim"):
         assert data[key], f"{group}={option} lost {key}"
-    assert data["model"]["name"] in VARIANTS
+    assert data["model"]["name"] in MODELS
     if group in ("data", "logger", "callbacks"):
         built = instantiate(cfg[group])
         assert built is not None
@@ -71,25 +75,59 @@ def test_wandb_logger_is_offline_by_default(tmp_path):
     assert cfg.logger.wandb.offline is True
 
 
-@pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_model_config_mirrors_the_variant(name):
-    """configs/model/<variant>.yaml: name + every field of the family dataclass, with the variant's value."""
-    path = CONFIGS / "model" / f"{name}.yaml"
-    assert path.is_file(), f"no {path}"
-    yaml_cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    assert yaml_cfg.pop("name") == name
-    family_cls = FAMILIES[VARIANTS[name][0]][1]
-    assert set(yaml_cfg) == {f.name for f in dataclasses.fields(family_cls)}
+@pytest.mark.parametrize("name", list_models())
+def test_model_config_agrees_with_the_variant(name):
+    """configs/model/<variant>.yaml: the name and the few fields a user changes, with the registered values."""
+    assert (CONFIGS / "model" / f"{name}.yaml").is_file(), f"no configs/model/{name}.yaml"
+    model = OmegaConf.to_container(compose_cfg([f"model={name}"]).model, resolve=False)
+    assert set(model) == {"name", "img_size", "num_classes", "drop_path_rate"}, "the rest comes from the registry"
+    assert model.pop("name") == name and model.pop("num_classes") == "${data.num_classes}"
     expected = dataclasses.asdict(model_config(name))
-    for key, value in yaml_cfg.items():
-        if key == "num_classes":
-            assert value == "${data.num_classes}"
-        else:
-            assert value == expected[key], f"{path.name}: {key}={value} but {name} has {expected[key]}"
+    for key, value in model.items():
+        assert value == expected[key], f"configs/model/{name}.yaml: {key}={value} but {name} has {expected[key]}"
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_model_brings_its_natural_attention(name):
+    """model=swin_* composes attention=window, model=vit_* global; attention= on the command line wins."""
+    assert compose_cfg([f"model={name}"]).attention.name == natural_attention(name)
+    assert compose_cfg([f"model={name}", "attention=linformer"]).attention.name == "linformer"
+
+
+@pytest.mark.parametrize("overrides,attention", [
+    (["model=swin_cifar"], "window"),
+    (["model=swin_cifar", "attention=linformer"], "linformer"),
+    (["attention=performer", "model=swin_cifar"], "performer"),
+    (["experiment=cifar10_swin"], "window"),
+    (["experiment=cifar10_swin", "attention=global"], "global"),
+    (["experiment=cifar10_vit"], "global"),
+])
+def test_attention_composition(overrides, attention, tmp_path):
+    data = resolved(compose_cfg(overrides), tmp_path)
+    assert data["attention"]["name"] == attention
+    assert data["run_name"] == f"{data['model']['name']}_{attention}"
 
 
 def test_every_model_config_is_a_variant():
-    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(VARIANTS)
+    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(list_models())
+
+
+def test_optim_and_benchmark_defaults_are_the_dataclasses():
+    cfg = compose_cfg(["optim.lr=3e-4", "benchmark.steps=2"])  # no `+`: the structured config has the keys
+    expected = dataclasses.asdict(OptimConfig(lr=3e-4))
+    assert OmegaConf.to_container(cfg.optim) == {**expected, "betas": list(expected["betas"])}  # YAML has no tuples
+    assert benchmark_config(cfg.benchmark) == BenchmarkConfig(steps=2)
+    assert benchmark_config(compose_cfg(["ckpt_path=x.ckpt"], config="eval").benchmark) == BenchmarkConfig(warmup=5, steps=20)
+
+
+def test_optim_and_benchmark_are_strict():
+    with pytest.raises(ConfigError, match=r"^unknown option optim\.foo for OptimConfig; valid options: betas") as err:
+        VitModule(model={"name": "vit_cifar", "depth": 1}, optim={"foo": 1})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^unknown option benchmark\.bar for BenchmarkConfig"):
+        benchmark_config({"bar": 2})
+    module = VitModule(model={"name": "vit_cifar", "depth": 1}, optim={"lr": 0.5})  # plain dict, as checkpoints store
+    assert module.optim == OptimConfig(lr=0.5)
 
 
 def test_experiments_are_global_packages():

@@ -1,20 +1,22 @@
 """Tests generated from the model registry: every variant builds, runs and reports honest FLOPs."""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import pytest
 import torch
 
 import vitzoo
+from vitzoo.export import export_model, load_model
 from vitzoo.flops import count_flops
-from vitzoo.registry import ConfigError
+from vitzoo.layers.block import Block
+from vitzoo.models import MODELS, attention_spec, natural_attention
+from vitzoo.registry import ConfigError, Registry
 
 SMALL = ["vit_cifar", "swin_cifar"]
 # published GMACs (multiply-adds) at 224 px: DeiT-T/S/B (ViT-B/16), Swin-T/S/B
 PUBLISHED = {"vit_tiny": 1.26, "vit_small": 4.6, "vit_base": 17.6, "swin_tiny": 4.5, "swin_small": 8.7, "swin_base": 15.4}
-
-
-def default_attention(name: str) -> str:
-    return "window" if name.startswith("swin") else "global"
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -29,14 +31,58 @@ def test_small_models_forward_backward(name, attention):
 
 
 @pytest.mark.parametrize("name", vitzoo.list_models())
-def test_every_variant_builds_with_analytic_flops(name):
-    model = vitzoo.create_model(name, attention=default_attention(name))
+def test_every_variant_builds_with_its_natural_attention(name):
+    """No attention given: Swin variants are real Swin (windows with relative position bias), ViTs global."""
+    model = vitzoo.create_model(name)
+    expected = {"swin": "window", "vit": "global"}[MODELS.get(name)[0].family]
+    assert natural_attention(name) == expected and attention_spec(model)["name"] == expected
+    has_bias = any(n.endswith("relative_position_bias_table") for n, _ in model.named_parameters())
+    assert has_bias == (expected == "window")
     assert model.flops() > 0 and sum(p.numel() for p in model.parameters()) > 0
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_explicit_attention_overrides_the_natural_one(name):
+    assert attention_spec(vitzoo.create_model(name, attention="performer"))["name"] == "performer"
+
+
+def test_attention_is_validated_once_and_shared_by_every_block():
+    model = vitzoo.create_model("vit_cifar", attention={"name": "linformer", "k": 16})
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    assert len(blocks) == 6 and all(b.attn.cfg is model.attention_cfg for b in blocks)
+
+
+@pytest.mark.parametrize("name", ["vit_cifar", "swin_cifar"])
+def test_attention_spec_on_the_model_is_what_export_writes(name, tmp_path):
+    model = vitzoo.create_model(name)
+    spec = attention_spec(model)
+    written = json.loads((export_model(model, tmp_path) / "config.json").read_text())["attention"]
+    assert written == json.loads(json.dumps(spec))
+    assert attention_spec(load_model(tmp_path)) == spec
+
+
+@dataclass
+class _Config:
+    width: int = 8  # a field
+
+
+def test_variant_registry_is_strict():
+    models = Registry("model")
+    models.register_variant("small", object, _Config, {"width": 4})
+    assert models.config("small") == _Config(width=4) and models.config({"name": "small", "width": 2}) == _Config(2)
+    with pytest.raises(KeyError, match="registered twice"):
+        models.register_variant("small", object, _Config, {})
+    with pytest.raises(ConfigError, match=r"unknown option model\[wide\]\.depth"):
+        models.register_variant("wide", object, _Config, {"depth": 2})
+    with pytest.raises(ConfigError, match=r"^unknown option model\.depth for _Config; valid options: width$"):
+        models.config({"name": "small", "depth": 2})
+    with pytest.raises(ConfigError, match=r"^unknown model 'big'; choose model= one of: small$"):
+        models.config("big")
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_gmacs_within_2_percent(name):
-    model = vitzoo.create_model(name, attention=default_attention(name))
+    model = vitzoo.create_model(name)
     report = count_flops(model)
     assert report.measured == report.analytic
     assert abs(report.measured / 1e9 - PUBLISHED[name]) / PUBLISHED[name] < 0.02

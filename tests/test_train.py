@@ -20,9 +20,10 @@ from vitzoo.training import VitModule, evaluate, fit, train
 # 30 steps of a one/two-block model on one fixed batch (Lightning's overfit_batches, no augmentation): the loss
 # must go down within them for any working backend. Digits tokens carry little content early in training,
 # so a fixed batch and a high learning rate are what make 30 steps enough. Each run takes a few seconds.
+# (`+`: configs/model/ holds only name, img_size, num_classes, drop_path_rate; the rest comes from the registry)
 TINY_MODEL = {
-    "vit_cifar": ["model.depth=1", "model.embed_dim=32", "model.num_heads=2"],
-    "swin_cifar": ["model.patch_size=4", "model.depths=[2,1]", "model.embed_dim=16", "model.num_heads=[2,2]"],
+    "vit_cifar": ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2"],
+    "swin_cifar": ["+model.patch_size=4", "+model.depths=[2,1]", "+model.embed_dim=16", "+model.num_heads=[2,2]"],
 }
 FAST = ["data.batch_size=32", "data.augment=false", "trainer.overfit_batches=1", "trainer.max_epochs=30",
         "trainer.check_val_every_n_epoch=15", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1",
@@ -108,6 +109,7 @@ BAD = {
     "img not divisible by patch": (["model.img_size=30"], r"model.img_size \(30\) must be divisible by model.patch_size"),
     "dim not divisible by heads": (["model.num_heads=5"], r"model.embed_dim \(32\) must be divisible by model.num_heads \(5\)"),
     "unknown model option": (["+model.bogus=1"], r"unknown option model.bogus"),
+    "unknown optim option": (["+optim.bogus=1"], r"^unknown option optim.bogus for OptimConfig"),
     "classes mismatch": (["model.num_classes=7"], r"model.num_classes=7 but the data has 10 classes"),
     "missing data folder": (["data=imagefolder", "data.root=/nonexistent/vitzoo"], r"data.root=/nonexistent/vitzoo has no train/"),
     "offline download": (["data=cifar10", "data.root=/nonexistent/vitzoo", "data.download=false"], r"data.root=.*data.download=true"),
@@ -156,8 +158,8 @@ def test_entry_points_multirun_and_eval(tmp_path):
     """`train.py -m` with one good and one bad job: the sweep finishes both, records the failure, exits 1;
     then `eval.py` on the good job's checkpoint."""
     sweep = tmp_path / "sweep"
-    args = [a for a in tiny() if not a.startswith("model.num_heads")]
-    proc = run("train.py", "-m", *args, "model.num_heads=2,5", f"hydra.sweep.dir={sweep}")
+    args = [a for a in tiny() if not a.startswith("+model.num_heads")]
+    proc = run("train.py", "-m", *args, "+model.num_heads=2,5", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 1, proc.stderr[-3000:]
     jobs = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
     assert sorted(r["status"] for r in jobs.values()) == ["failed", "finished"], jobs

@@ -172,13 +172,9 @@ def select_backends(names: Optional[Iterable[str]] = None) -> list[str]:
 
 
 def _model_family(model: str) -> str:
-    from vitzoo.models import VARIANTS
+    from vitzoo.models import MODELS
 
-    if model not in VARIANTS:
-        from vitzoo.models import list_models
-
-        raise ValueError(f"unknown model {model!r}; choose from {', '.join(list_models())}")
-    return VARIANTS[model][0]
+    return MODELS.get(model)[0].family  # unknown model: ConfigError (a ValueError) listing the choices
 
 
 def _model_img_size(model: str) -> int:

@@ -17,26 +17,17 @@ from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
 from torch import nn
 
-from vitzoo.attention import ATTENTION
-from vitzoo.flops import attention_layers
-from vitzoo.models import create_model, model_kwargs
+from vitzoo.models import attention_spec, create_model, model_kwargs
 from vitzoo.registry import ConfigError
 
 WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
-
-
-def attention_spec(model: nn.Module) -> dict[str, Any]:
-    """``{"name": ..., **options}`` of the token mixer of a built vitzoo model (every block shares it)."""
-    for _, layer in attention_layers(model):
-        return ATTENTION.to_dict(layer.cfg)
-    raise ValueError(f"{type(model).__name__} has no vitzoo token mixer")
 
 
 def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dict[str, Any]] = None) -> Path:
     """Write ``out_dir/model.safetensors`` and ``out_dir/config.json``; return ``out_dir``.
 
     Args:
-        model: a model from :func:`vitzoo.create_model` (it knows its ``variant`` and ``cfg``).
+        model: a model from :func:`vitzoo.create_model` (it knows its ``variant``, ``cfg`` and ``attention_cfg``).
         out_dir: folder to write (created).
         data: preprocessing facts to keep with the weights (img_size, mean, std, classes).
     """

@@ -46,15 +46,16 @@ def build_config(config_cls: type, options: Mapping[str, Any], prefix: str) -> A
 
 
 class Registry:
-    """Maps a name to a class and its config dataclass.
+    """Maps a name to a class, its config dataclass and (for variants) the defaults that differ from it.
 
     Args:
-        kind: what is registered (used in messages), e.g. ``"attention"``.
+        kind: what is registered (used in messages), e.g. ``"attention"`` or ``"model"``.
     """
 
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, tuple[type, type]] = {}
+        self._defaults: dict[str, dict[str, Any]] = {}
 
     def register(self, name: str, config_cls: type) -> Callable[[type], type]:
         """Class decorator: ``@registry.register("linformer", LinformerConfig)``."""
@@ -73,6 +74,29 @@ class Registry:
 
         return deco
 
+    def register_variant(self, name: str, cls: type, config_cls: type, defaults: Mapping[str, Any]) -> None:
+        """Register ``name`` as ``cls`` built from ``config_cls`` with ``defaults`` on top of its field defaults.
+
+        Several variants may share a class (``vit_tiny`` and ``vit_base`` are both a VisionTransformer);
+        the defaults are validated now, so a typo fails at import.
+
+        Args:
+            name: the variant's name, e.g. ``"vit_tiny"``.
+            cls: the class built from the config (called as ``cls(config, ...)``).
+            config_cls: the dataclass the options fill.
+            defaults: option -> value where the variant differs from ``config_cls``'s defaults.
+        """
+        if name in self._entries:
+            raise KeyError(f"{self.kind} '{name}' is registered twice")
+        build_config(config_cls, defaults, f"{self.kind}[{name}]")
+        self._entries[name] = (cls, config_cls)
+        self._defaults[name] = dict(defaults)
+
+    def defaults(self, name: str) -> dict[str, Any]:
+        """The options ``name`` was registered with (``{}`` for a plain :meth:`register`)."""
+        self.get(name)
+        return dict(self._defaults.get(name, {}))
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 
@@ -88,8 +112,7 @@ class Registry:
     def config(self, spec: str | Mapping[str, Any] | Any) -> Any:
         """Turn ``"name"``, ``{"name": ..., **options}`` or a config instance into a config instance.
 
-        The config instance remembers its registry name in ``config.name`` via the class attribute
-        set by :meth:`register`.
+        A variant's registered defaults come first, ``spec``'s options on top.
         """
         if dataclasses.is_dataclass(spec) and not isinstance(spec, type):
             return spec
@@ -100,9 +123,10 @@ class Registry:
             raise ConfigError(f"missing {self.kind}.name; choose one of: {', '.join(self.names())}")
         name = options.pop("name")
         _, config_cls = self.get(name)
-        return build_config(config_cls, options, self.kind)
+        return build_config(config_cls, {**self._defaults.get(name, {}), **options}, self.kind)
 
     def name_of(self, config: Any) -> str:
+        """The name registered with ``config``'s class (one name per class, as :meth:`register` ensures)."""
         for name, (_, config_cls) in self._entries.items():
             if type(config) is config_cls:
                 return name

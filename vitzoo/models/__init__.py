@@ -1,56 +1,76 @@
-"""Backbones and their named variants (``vit_tiny`` … ``swin_base``, ``vit_cifar``, ``swin_cifar``)."""
+"""Backbones and their named variants (``vit_tiny`` … ``swin_base``, ``vit_cifar``, ``swin_cifar``).
+
+Each variant is declared once, next to its family, with :func:`register_model`; :data:`MODELS` is the
+strict registry behind :func:`create_model`, :func:`list_models` and :func:`model_config`.
+"""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
-from vitzoo.models.swin import SwinConfig, SwinTransformer
-from vitzoo.models.vit import ViTConfig, VisionTransformer
-from vitzoo.registry import ConfigError, build_config
+from vitzoo.attention import ATTENTION
+from vitzoo.registry import Registry
 
-FAMILIES: dict[str, tuple[type, type]] = {"vit": (VisionTransformer, ViTConfig), "swin": (SwinTransformer, SwinConfig)}
+MODELS = Registry("model")
 
-# name -> (family, defaults that differ from the family's config dataclass)
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "vit_tiny": ("vit", dict(embed_dim=192, depth=12, num_heads=3)),  # DeiT-T: 5.7M params, 1.26 GMACs
-    "vit_small": ("vit", dict(embed_dim=384, depth=12, num_heads=6)),  # DeiT-S: 22M, 4.6 GMACs
-    "vit_base": ("vit", dict(embed_dim=768, depth=12, num_heads=12)),  # DeiT-B / ViT-B/16: 86M, 17.6 GMACs
-    "vit_cifar": ("vit", dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=3,
-                              mlp_ratio=2.0, window_size=4, drop_path_rate=0.1)),
-    "swin_tiny": ("swin", dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])),  # 28M, 4.5 GMACs
-    "swin_small": ("swin", dict(embed_dim=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24], drop_path_rate=0.3)),
-    "swin_base": ("swin", dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], drop_path_rate=0.5)),
-    "swin_cifar": ("swin", dict(img_size=32, patch_size=2, num_classes=10, embed_dim=64, depths=[2, 2, 2],
-                                num_heads=[2, 4, 8], window_size=4, mlp_ratio=2.0, drop_path_rate=0.1)),
-}
+
+def register_model(family: type) -> Callable[[Callable[[], dict[str, Any]]], Callable[[], dict[str, Any]]]:
+    """Function decorator: the function's name is the variant, its return value the variant's defaults.
+
+    Args:
+        family: the backbone class; it declares ``config_class`` (its dataclass) and
+            ``natural_attention`` (the attention a variant gets when none is given).
+
+    >>> @register_model(VisionTransformer)
+    ... def vit_tiny() -> dict:
+    ...     return dict(embed_dim=192, depth=12, num_heads=3)  # fields of ViTConfig that differ
+    """
+
+    def deco(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+        MODELS.register_variant(fn.__name__, family, family.config_class, fn())
+        return fn
+
+    return deco
+
+
+# the families register their variants on import (after MODELS exists)
+from vitzoo.models.swin import SwinConfig, SwinTransformer  # noqa: E402
+from vitzoo.models.vit import ViTConfig, VisionTransformer  # noqa: E402
 
 
 def list_models() -> list[str]:
     """Names of every model variant."""
-    return sorted(VARIANTS)
+    return MODELS.names()
 
 
 def model_config(name: str, **overrides: Any) -> Any:
-    """The variant's config dataclass with ``overrides`` applied (unknown keys are errors)."""
-    if name not in VARIANTS:
-        raise ConfigError(f"unknown model '{name}'; choose model= one of: {', '.join(list_models())}")
-    family, defaults = VARIANTS[name]
-    return build_config(FAMILIES[family][1], {**defaults, **overrides}, "model")
+    """The variant's config dataclass with ``overrides`` applied (unknown names and keys are ConfigErrors).
+
+    Args:
+        name: a variant from :func:`list_models`.
+        **overrides: fields of the family's config dataclass, checked by it.
+    """
+    return MODELS.config({"name": name, **overrides})
 
 
-def create_model(name: str, attention: Any = "global", **overrides: Any) -> nn.Module:
+def natural_attention(name: str) -> str:
+    """The attention a variant is built with when none is given: its family's (Swin: window, ViT: global)."""
+    return MODELS.get(name)[0].natural_attention
+
+
+def create_model(name: str, attention: Any = None, **overrides: Any) -> nn.Module:
     """Build a backbone by variant name.
 
     Args:
         name: a variant from :func:`list_models`.
-        attention: ``"window"`` or ``{"name": "linformer", "k": 64}``: the token mixer of every block.
+        attention: ``"window"``, ``{"name": "linformer", "k": 64}`` or a config instance: the token mixer
+            of every block (validated once). None: the variant's :func:`natural_attention`.
         **overrides: any field of the family config (``num_classes``, ``img_size``, ``depth`` …).
     """
     cfg = model_config(name, **overrides)
-    cls = FAMILIES[VARIANTS[name][0]][0]
-    model = cls(cfg, attention)
+    model = MODELS.get(name)[0](cfg, attention)
     model.variant = name
     return model
 
@@ -60,4 +80,10 @@ def model_kwargs(model: nn.Module) -> dict[str, Any]:
     return dataclasses.asdict(model.cfg)
 
 
-__all__ = ["FAMILIES", "VARIANTS", "SwinTransformer", "VisionTransformer", "create_model", "list_models", "model_config"]
+def attention_spec(model: nn.Module) -> dict[str, Any]:
+    """``{"name": ..., **options}`` of a built model's token mixer (``model.attention_cfg``, shared by every block)."""
+    return ATTENTION.to_dict(model.attention_cfg)
+
+
+__all__ = ["MODELS", "SwinConfig", "SwinTransformer", "ViTConfig", "VisionTransformer", "attention_spec", "create_model",
+           "list_models", "model_config", "model_kwargs", "natural_attention", "register_model"]

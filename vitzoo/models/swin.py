@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from timm.layers import PatchEmbed
 from torch import Tensor, nn
 
-from vitzoo.attention import MixerContext
+from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.layers.block import Block, layernorm_flops
+from vitzoo.models import register_model
 from vitzoo.models.vit import init_weights
 
 
@@ -107,12 +108,19 @@ class SwinTransformer(nn.Module):
 
     Args:
         cfg: architecture (:class:`SwinConfig`).
-        attention: attention spec used in every block of every stage.
+        attention: attention spec used in every block of every stage (``"window"``, ``{"name": ...,
+            **options}`` or a config instance); validated once into ``self.attention_cfg``.
+            None: :attr:`natural_attention`.
     """
 
-    def __init__(self, cfg: SwinConfig, attention: Any = "window"):
+    family = "swin"  # family name (vitzoo.bench's timm references are keyed by it)
+    config_class = SwinConfig
+    natural_attention = "window"  # what create_model("swin_*") builds when no attention is given: real Swin
+
+    def __init__(self, cfg: SwinConfig, attention: Any = None):
         super().__init__()
         self.cfg = cfg
+        self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
         self.num_prefix = 0
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim,
                                       norm_layer=nn.LayerNorm, strict_img_size=False)
@@ -121,7 +129,7 @@ class SwinTransformer(nn.Module):
         for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.num_heads)):
             first = sum(cfg.depths[:i])
             last = i == len(cfg.depths) - 1
-            stages.append(SwinStage(attention, cfg.embed_dim * 2 ** i, depth, heads, grid, cfg,
+            stages.append(SwinStage(self.attention_cfg, cfg.embed_dim * 2 ** i, depth, heads, grid, cfg,
                                     dpr[first:first + depth], first, downsample=not last))
             grid = grid if last else PatchMerging.out_grid(grid)
         self.stages = nn.ModuleList(stages)
@@ -158,3 +166,28 @@ class SwinTransformer(nn.Module):
             grid = grid if stage.downsample is None else PatchMerging.out_grid(grid)
         total += layernorm_flops(grid[0] * grid[1] * self.num_features)  # final norm
         return total + self.num_features * self.cfg.num_classes  # head
+
+
+@register_model(SwinTransformer)
+def swin_tiny() -> dict[str, Any]:
+    """Swin-T, 224 px: 28M params, 4.5 GMACs (SwinConfig's defaults)."""
+    return dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])
+
+
+@register_model(SwinTransformer)
+def swin_small() -> dict[str, Any]:
+    """Swin-S, 224 px: 50M params, 8.7 GMACs."""
+    return dict(embed_dim=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24], drop_path_rate=0.3)
+
+
+@register_model(SwinTransformer)
+def swin_base() -> dict[str, Any]:
+    """Swin-B, 224 px: 88M params, 15.4 GMACs."""
+    return dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], drop_path_rate=0.5)
+
+
+@register_model(SwinTransformer)
+def swin_cifar() -> dict[str, Any]:
+    """Small Swin for 32 px images: patch 2 -> stages of 16x16, 8x8, 4x4 tokens."""
+    return dict(img_size=32, patch_size=2, num_classes=10, embed_dim=64, depths=[2, 2, 2], num_heads=[2, 4, 8],
+                window_size=4, mlp_ratio=2.0, drop_path_rate=0.1)

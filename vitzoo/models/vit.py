@@ -12,9 +12,10 @@ import torch
 from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
-from vitzoo.attention import MixerContext
+from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.layers.block import Block, layernorm_flops
+from vitzoo.models import register_model
 
 
 @dataclass
@@ -49,12 +50,18 @@ class VisionTransformer(nn.Module):
 
     Args:
         cfg: architecture (:class:`ViTConfig`).
-        attention: attention spec, ``"global"`` or ``{"name": ..., **options}``.
+        attention: attention spec, ``"global"``, ``{"name": ..., **options}`` or a config instance;
+            validated once into ``self.attention_cfg``. None: :attr:`natural_attention`.
     """
 
-    def __init__(self, cfg: ViTConfig, attention: Any = "global"):
+    family = "vit"  # family name (vitzoo.bench's timm references are keyed by it)
+    config_class = ViTConfig
+    natural_attention = "global"  # what create_model("vit_*") builds when no attention is given
+
+    def __init__(self, cfg: ViTConfig, attention: Any = None):
         super().__init__()
         self.cfg = cfg
+        self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
         C = cfg.embed_dim
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, strict_img_size=False)
         self.grid = tuple(self.patch_embed.grid_size)
@@ -64,8 +71,9 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
         self.blocks = nn.ModuleList([
-            Block(attention, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
-                                          cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size, shifted=i % 2 == 1),
+            Block(self.attention_cfg, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
+                                                   cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size,
+                                                   shifted=i % 2 == 1),
                   cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=dpr[i])
             for i in range(cfg.depth)
         ])
@@ -112,6 +120,31 @@ class VisionTransformer(nn.Module):
         total += sum(blk.flops(grid) for blk in self.blocks)
         total += layernorm_flops(n * C)  # final norm
         return total + C * self.cfg.num_classes  # head
+
+
+@register_model(VisionTransformer)
+def vit_tiny() -> dict[str, Any]:
+    """DeiT-T (ViT-Ti/16), 224 px: 5.7M params, 1.26 GMACs."""
+    return dict(embed_dim=192, depth=12, num_heads=3)
+
+
+@register_model(VisionTransformer)
+def vit_small() -> dict[str, Any]:
+    """DeiT-S (ViT-S/16), 224 px: 22M params, 4.6 GMACs."""
+    return dict(embed_dim=384, depth=12, num_heads=6)
+
+
+@register_model(VisionTransformer)
+def vit_base() -> dict[str, Any]:
+    """DeiT-B / ViT-B/16, 224 px: 86M params, 17.6 GMACs."""
+    return dict(embed_dim=768, depth=12, num_heads=12)
+
+
+@register_model(VisionTransformer)
+def vit_cifar() -> dict[str, Any]:
+    """Small ViT for 32 px images (CIFAR, digits): patch 4 -> 8x8 tokens + class token."""
+    return dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=3, mlp_ratio=2.0,
+                window_size=4, drop_path_rate=0.1)
 
 
 def init_weights(model: nn.Module) -> None:

@@ -16,13 +16,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from vitzoo.export import attention_spec
 from vitzoo.flops import count_flops
+from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
 from vitzoo.training.module import VitModule
 from vitzoo.training.train import build_datamodule
-from vitzoo.training.utils import (console, flops_table, peak_memory_mb, read_checkpoint, trainer_throughput,
-                                   write_traceback)
+from vitzoo.training.utils import (benchmark_config, console, flops_table, peak_memory_mb, read_checkpoint,
+                                   trainer_throughput, write_traceback)
 
 
 def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
@@ -49,6 +49,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     pl.seed_everything(cfg.get("seed", 0), verbose=False)
+    bench = benchmark_config(cfg.get("benchmark"))
     ckpt = read_checkpoint(cfg.get("ckpt_path"))
     path = Path(str(cfg.ckpt_path)).expanduser().resolve()
     dm = build_datamodule(data_config(cfg, ckpt))
@@ -63,12 +64,11 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     trainer = instantiate(cfg.trainer, logger=False, callbacks=[], enable_checkpointing=False, enable_model_summary=False)
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
-    bench = cfg.get("benchmark") or {}
     infer = trainer_throughput(trainer, module.net, bench)
     out = {"ckpt_path": str(path), "model": model_name, "attention": attention_name, "data": dm.name,
            "num_val_images": len(dm.val_set), "val_acc": float(metrics["val/acc"]), "val_acc5": float(metrics["val/acc5"]),
            "val_loss": float(metrics["val/loss"]), "infer_images_per_s": infer,
-           "infer_batch_size": bench.get("batch_size", 64), "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
+           "infer_batch_size": bench.batch_size, "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
            "params": report.params, "gmacs": report.measured / 1e9, "gmacs_analytic": report.analytic / 1e9}
     report_path = path.with_name(f"{path.stem}.eval.json")
     report_path.write_text(json.dumps(out, indent=2) + "\n")

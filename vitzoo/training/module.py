@@ -5,6 +5,7 @@ Everything needed to rebuild the network is in the module's hyper-parameters (pl
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import pytorch_lightning as pl
@@ -15,10 +16,22 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitzoo.models import create_model
-from vitzoo.registry import ConfigError
+from vitzoo.registry import ConfigError, build_config
 
-OPTIM_DEFAULTS: dict[str, Any] = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), label_smoothing=0.1,
-                                      warmup_epochs=1.0, warmup_lr_ratio=1e-3, min_lr_ratio=0.01)
+
+@dataclass
+class OptimConfig:
+    """The ``optim`` options (``python train.py optim.lr=3e-4``): AdamW, then a per-step cosine schedule."""
+
+    lr: float = 1e-3  # AdamW peak learning rate (after warm-up)
+    weight_decay: float = 0.05  # AdamW decoupled weight decay (none on biases, norms, pos_embed, cls_token)
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    label_smoothing: float = 0.1  # cross-entropy label smoothing
+    warmup_epochs: float = 1.0  # linear warm-up length in epochs (may be fractional), then per-step cosine
+    warmup_lr_ratio: float = 1e-3  # warm-up starts at lr * this
+    min_lr_ratio: float = 0.01  # cosine ends at lr * this
+
+
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # besides biases and norms (1-d), as DeiT
 
 
@@ -27,28 +40,25 @@ class VitModule(pl.LightningModule):
 
     Args:
         model: ``{"name": "vit_cifar", **options}``: a variant and any field of its config dataclass.
-        attention: ``{"name": "window", **options}``: the token mixer of every block.
-        optim: ``lr``, ``weight_decay``, ``betas``, ``label_smoothing``, ``warmup_epochs`` (linear
-            warm-up, may be fractional), ``warmup_lr_ratio`` (warm-up start / lr), ``min_lr_ratio``
-            (cosine floor / lr). Missing keys take :data:`OPTIM_DEFAULTS`.
+        attention: ``{"name": "window", **options}``: the token mixer of every block (None: the
+            variant's natural attention, see :func:`vitzoo.models.natural_attention`).
+        optim: plain mapping of :class:`OptimConfig` fields (strict: an unknown key is a ConfigError);
+            missing keys take its defaults.
         data: plain description of the training data (name, img_size, mean, std, classes), kept so
             that evaluation and export know the preprocessing.
     """
 
-    def __init__(self, model: Mapping[str, Any], attention: Any = "global", optim: Optional[Mapping[str, Any]] = None,
+    def __init__(self, model: Mapping[str, Any], attention: Any = None, optim: Optional[Mapping[str, Any]] = None,
                  data: Optional[Mapping[str, Any]] = None):
         super().__init__()
         self.save_hyperparameters()
-        unknown = sorted(set(optim or {}) - set(OPTIM_DEFAULTS))
-        if unknown:
-            raise ConfigError(f"unknown option optim.{unknown[0]}; valid options: {', '.join(sorted(OPTIM_DEFAULTS))}")
-        self.optim = {**OPTIM_DEFAULTS, **(optim or {})}
+        self.optim = build_config(OptimConfig, optim or {}, "optim")
         options = dict(model)
         if "name" not in options:
             raise ConfigError("missing model.name; choose model= one of the configs/model/ files")
         self.net = create_model(options.pop("name"), attention=attention, **options)
         n = self.net.cfg.num_classes
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=float(self.optim["label_smoothing"]))
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=float(self.optim.label_smoothing))
         self.train_acc = MulticlassAccuracy(n, top_k=1, average="micro")
         self.val_acc = MulticlassAccuracy(n, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(n, top_k=min(5, n), average="micro")
@@ -83,14 +93,14 @@ class VitModule(pl.LightningModule):
         """AdamW (no weight decay on biases, norms, position embeddings and tokens: timm's grouping) and
         a per-step cosine schedule after a linear warm-up (timm's ``CosineLRScheduler``)."""
         o = self.optim
-        groups = param_groups_weight_decay(self.net, float(o["weight_decay"]), no_weight_decay_list=NO_WEIGHT_DECAY)
-        optimizer = create_optimizer_v2(groups, opt="adamw", lr=float(o["lr"]), weight_decay=float(o["weight_decay"]),
-                                        betas=tuple(o["betas"]))
+        groups = param_groups_weight_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY)
+        optimizer = create_optimizer_v2(groups, opt="adamw", lr=float(o.lr), weight_decay=float(o.weight_decay),
+                                        betas=tuple(o.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        warmup = min(int(round(float(o["warmup_epochs"]) * total / epochs)), total // 2)
-        scheduler = CosineLRScheduler(optimizer, t_initial=max(1, total - warmup), lr_min=float(o["lr"]) * float(o["min_lr_ratio"]),
-                                      warmup_t=warmup, warmup_lr_init=float(o["lr"]) * float(o["warmup_lr_ratio"]),
+        warmup = min(int(round(float(o.warmup_epochs) * total / epochs)), total // 2)
+        scheduler = CosineLRScheduler(optimizer, t_initial=max(1, total - warmup), lr_min=float(o.lr) * float(o.min_lr_ratio),
+                                      warmup_t=warmup, warmup_lr_init=float(o.lr) * float(o.warmup_lr_ratio),
                                       warmup_prefix=True, t_in_epochs=False)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

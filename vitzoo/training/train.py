@@ -22,8 +22,8 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
-from vitzoo.training.utils import (ResultsFile, console, flops_table, one_line, peak_memory_mb, read_checkpoint,
-                                   trainer_throughput, write_traceback)
+from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line, peak_memory_mb,
+                                   read_checkpoint, trainer_throughput, write_traceback)
 
 
 def build_datamodule(data_cfg: Any) -> ImageDataModule:
@@ -88,6 +88,7 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile) -> tuple[dict[str
         torch.cuda.reset_peak_memory_stats()  # per run, also within a multirun
     if cfg.get("ckpt_path"):
         read_checkpoint(cfg.ckpt_path)  # resume: fail now, in one line, if it is missing or not a checkpoint
+    bench = benchmark_config(container.get("benchmark"))
     dm = build_datamodule(cfg.data)
     module = build_module(container, dm)
 
@@ -108,7 +109,7 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile) -> tuple[dict[str
     export_dir = out_dir / "export" if cfg.get("export", True) else None
     if export_dir is not None and rank_zero_only.rank == 0:
         export_model(module.net, export_dir, data=dm.describe())
-    infer = trainer_throughput(trainer, module.net, cfg.get("benchmark"))
+    infer = trainer_throughput(trainer, module.net, bench)
     final = results.update(
         status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),
         val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,

@@ -10,6 +10,7 @@ import sys
 import time
 import traceback
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional
 
@@ -21,7 +22,7 @@ from rich.table import Table
 from torch import nn
 
 from vitzoo.flops import FlopReport
-from vitzoo.registry import ConfigError
+from vitzoo.registry import ConfigError, build_config
 
 RESULT_KEYS = ("status", "model", "attention", "data", "best_val_acc", "best_val_acc5", "val_loss", "train_images_per_s",
                "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic", "epochs", "best_ckpt",
@@ -161,12 +162,24 @@ def inference_throughput(model: nn.Module, batch_size: int = 64, img_size: Optio
         model.train(was)
 
 
-def trainer_throughput(trainer: Any, model: nn.Module, bench: Any) -> float:
+@dataclass
+class BenchmarkConfig:
+    """The ``benchmark`` options: inference throughput measured after training / in eval (eval mode, random images)."""
+
+    batch_size: int = 64  # images per forward pass
+    warmup: int = 3  # untimed passes
+    steps: int = 10  # timed passes
+
+
+def benchmark_config(options: Any) -> BenchmarkConfig:
+    """Validate the ``benchmark`` config (None: the defaults; an unknown key is a ConfigError naming it)."""
+    return build_config(BenchmarkConfig, options or {}, "benchmark")
+
+
+def trainer_throughput(trainer: Any, model: nn.Module, bench: BenchmarkConfig) -> float:
     """:func:`inference_throughput` on the Trainer's device and precision, sized by the ``benchmark`` config."""
-    bench = bench or {}
-    return inference_throughput(model, batch_size=bench.get("batch_size", 64), warmup=bench.get("warmup", 3),
-                                steps=bench.get("steps", 10), device=trainer.strategy.root_device,
-                                context=trainer.precision_plugin.forward_context)
+    return inference_throughput(model, batch_size=bench.batch_size, warmup=bench.warmup, steps=bench.steps,
+                                device=trainer.strategy.root_device, context=trainer.precision_plugin.forward_context)
 
 
 def peak_memory_mb(device: torch.device) -> float:
