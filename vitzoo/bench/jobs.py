@@ -60,10 +60,16 @@ class _Setup:
 
 
 class _ModelSteps:
-    """Training step, inference pass and batch-1 pass of one classification model on random data."""
+    """Training step, inference pass and batch-1 pass of one classification model on random data.
 
-    def __init__(self, setup: _Setup, model: nn.Module, batch: int, img_size: int):
-        cfg = model.cfg
+    Args:
+        setup: the worker's set-up.
+        model: the classifier (vitzoo's, or its timm twin).
+        batch, img_size: input batch and side.
+        cfg: the vitzoo model config giving ``in_chans`` and ``num_classes``.
+    """
+
+    def __init__(self, setup: _Setup, model: nn.Module, batch: int, img_size: int, cfg: Any):
         self.setup, self.model = setup, model
         self.net = setup.maybe_compile(model)
         self.x = torch.randn(batch, cfg.in_chans, img_size, img_size, device=setup.device)
@@ -160,7 +166,7 @@ def model_job(job: Mapping[str, Any]) -> Row:
         model = create_model(job["model"], attention=job["spec"], img_size=job["img_size"]).to(setup.device)
         row["tokens"] = (job["img_size"] // model.cfg.patch_size) ** 2 + getattr(model, "num_prefix", 0)
         row["params_m"] = _params(model) / 1e6
-        steps = _ModelSteps(setup, model, job["batch"], job["img_size"])
+        steps = _ModelSteps(setup, model, job["batch"], job["img_size"], model.cfg)
         for what, measure in MODEL_PHASES:
             measure(row, setup, steps, job["batch"])
     except Exception as exc:  # noqa: BLE001 - reported in the row
@@ -201,8 +207,8 @@ def model_ref_job(job: Mapping[str, Any]) -> Row:
         vz = create_model(job["model"], attention=job["spec"], img_size=job["img_size"]).to(setup.device)
         ref = timm_reference(vz).to(setup.device)
         row["params_vitzoo"], row["params_reference"] = _params(vz), _params(ref)
-        a = _ModelSteps(setup, vz, job["batch"], job["img_size"])
-        b = _ModelSteps(setup, ref, job["batch"], job["img_size"])
+        a = _ModelSteps(setup, vz, job["batch"], job["img_size"], vz.cfg)
+        b = _ModelSteps(setup, ref, job["batch"], job["img_size"], vz.cfg)
         b.x, b.y, b.x1 = a.x, a.y, a.x1
         for what, fa, fb, mode in (("train", a.train_step, b.train_step, _ModelSteps.train_mode),
                                    ("infer", a.infer, b.infer, _ModelSteps.eval_mode),

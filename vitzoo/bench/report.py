@@ -223,7 +223,8 @@ def plot_scaling(layers: Rows, path: Path, title: str = "") -> Optional[Path]:
         if mem:
             ax_m.plot([p[0] for p in mem], [p[1] for p in mem], ms=4, label=b, **style)
     _scaling_axes((ax_t, ax_m), sorted({r["tokens"] for r in layers}))
-    ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if ax_m.lines:  # no line when no phase used memory over the baseline
+        ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     failed = sorted({f"{r['backend']}@{r['tokens']}" for r in layers if r.get("status") != "ok"})
     if failed:
         fig.text(0.01, 0.01, "not run: " + ", ".join(failed)[:300], fontsize=7)
