@@ -11,13 +11,10 @@ Examples (from the repository root):
     python scripts/benchmark.py --mode models --attention global,window,performer \
         --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
 
-Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers``,
-``references`` and ``goals`` as ``.csv`` and ``.md``, ``report.md`` with all of them,
-``layer_scaling.png``, ``environment.json`` (versions, CPU/GPU, threads, load, options) and
-``results.json`` (every row). See :mod:`vitzoo.bench` for how each number is measured.
+Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers``, ``references`` and
+``goals`` as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, ``environment.json``
+(versions, CPU/GPU, threads, load, options), ``results.json`` (every row); how each is measured: :mod:`vitzoo.bench`.
 """
-from __future__ import annotations
-
 import argparse
 import sys
 
