@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
