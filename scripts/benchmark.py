@@ -11,30 +11,24 @@ Examples (from the repository root):
     python scripts/benchmark.py --mode models --attention global,window,performer \
         --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
 
-Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers``,
-``references`` and ``goals`` as ``.csv`` and ``.md``, ``report.md`` with all of them,
-``layer_scaling.png``, ``environment.json`` (versions, CPU/GPU, threads, load, options) and
-``results.json`` (every row). See :mod:`vitzoo.bench` for how each number is measured.
+Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers``, ``references`` and
+``goals`` as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, ``environment.json``
+(versions, CPU/GPU, threads, load, options), ``results.json`` (every row); how each is measured: :mod:`vitzoo.bench`.
 """
-from __future__ import annotations
-
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vitzoo.bench import BenchOptions, run_benchmark  # noqa: E402
+from vitzoo.bench import BenchOptions, run_benchmark
+from vitzoo.registry import ConfigError
 
 
 def _list(kind):
-    def parse(text: str):
-        return [kind(t) for t in text.split(",") if t.strip()]
-
-    return parse
+    """Argparse type: a comma-separated list of ``kind``."""
+    return lambda text: [kind(t) for t in text.split(",") if t.strip()]
 
 
 def parse_args(argv=None) -> BenchOptions:
+    """The command line as :class:`BenchOptions` (a bad value exits with its one-line message)."""
     d = BenchOptions()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -47,10 +41,9 @@ def parse_args(argv=None) -> BenchOptions:
                    help="comma-separated input sides (default: each model's own)")
     p.add_argument("--batch", dest="batches", type=_list(int), default=d.batches, help="comma-separated batch sizes")
     p.add_argument("--tokens", type=_list(int), default=d.tokens, help="layer mode: token counts (squares)")
-    p.add_argument("--layer-dim", type=int, default=d.layer_dim, help="layer mode: channels C")
-    p.add_argument("--layer-heads", type=int, default=d.layer_heads, help="layer mode: heads")
-    p.add_argument("--layer-batch", type=int, default=d.layer_batch, help="layer mode: batch")
-    p.add_argument("--layer-prefix", type=int, default=d.layer_prefix, help="layer mode: prefix (class) tokens")
+    for name, what in (("dim", "channels C"), ("heads", "heads"), ("batch", "batch"),
+                       ("prefix", "prefix (class) tokens")):
+        p.add_argument(f"--layer-{name}", type=int, default=getattr(d, f"layer_{name}"), help=f"layer mode: {what}")
     p.add_argument("--layer-window", type=int, default=d.layer_window,
                    help="layer mode: natural window side for backends whose window option is null")
     p.add_argument("--no-references", dest="references", action="store_false",
@@ -71,10 +64,9 @@ def parse_args(argv=None) -> BenchOptions:
                    help="CPU: memory budget per configuration (default: 80%% of available memory)")
     p.add_argument("--out", default=None, help="output folder (default: outputs/benchmark/<timestamp>)")
     p.add_argument("--seed", type=int, default=d.seed)
-    a = p.parse_args(argv)
     try:
-        return BenchOptions(**vars(a))
-    except ValueError as exc:
+        return BenchOptions.from_options(vars(p.parse_args(argv)))
+    except ConfigError as exc:
         p.error(str(exc))
 
 

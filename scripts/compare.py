@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vitzoo.bench import compare_runs, sweep_command  # noqa: E402
+from vitzoo.bench.compare import compare_runs, sweep_command
 
 
 def main(argv=None) -> int:

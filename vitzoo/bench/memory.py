@@ -1,0 +1,122 @@
+"""Peak memory of a benchmark phase, the CPU worker's memory cap, and out-of-memory detection."""
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "std::bad_alloc",
+             "not enough memory")
+
+
+def _proc_status_kb(key: str) -> Optional[int]:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _maxrss_kb() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss // 1024 if sys.platform == "darwin" else rss  # bytes on macOS, KiB on Linux
+
+
+def _can_reset_hwm() -> bool:
+    """Reset ``VmHWM`` to the current resident size (Linux); ``False`` where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _proc_status_kb("VmHWM") is not None
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Peak memory of a phase, in MiB over the baseline taken at construction.
+
+    CUDA: ``max_memory_allocated`` (reset at :meth:`start`). CPU on Linux: ``VmHWM`` reset through
+    ``/proc/self/clear_refs`` at :meth:`start`, baseline ``VmRSS``. Elsewhere: ``ru_maxrss``.
+
+    Args:
+        device: the torch device the phase runs on.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.synchronize(device)
+            self.base_kb = torch.cuda.memory_allocated(device) // 1024
+            self.method = "cuda max_memory_allocated"
+        else:
+            self.hwm = _can_reset_hwm()
+            self.base_kb = _proc_status_kb("VmRSS") if self.hwm else _maxrss_kb()
+            self.method = ("VmHWM (reset per phase) - baseline VmRSS" if self.hwm
+                           else "ru_maxrss (process peak) - baseline")
+
+    @staticmethod
+    def describe(device: str) -> str:
+        """How peak memory is measured on ``device`` (``"cpu"`` or ``"cuda"``), in a sentence."""
+        if device == "cuda":
+            return ("torch.cuda.max_memory_allocated during the phase minus memory allocated before the model "
+                    "was built (one process per configuration)")
+        if _can_reset_hwm():
+            return ("peak resident set size (VmHWM, reset via /proc/self/clear_refs before each phase) minus the "
+                    "resident size after imports, before the model was built (one process per configuration): "
+                    "parameters + gradients + optimizer state + activations + allocator cache")
+        return ("ru_maxrss (process-lifetime peak RSS) minus the RSS before the model was built "
+                "(one process per configuration)")
+
+    def start(self) -> None:
+        """Begin a phase: reset the peak."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.hwm:
+            _can_reset_hwm()
+
+    def peak_mb(self) -> float:
+        """MiB of the phase's peak over the baseline (never negative)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) // 1024
+        else:
+            peak = _proc_status_kb("VmHWM") if self.hwm else _maxrss_kb()
+        return max(0, peak - self.base_kb) / 1024
+
+
+def limit_address_space(limit_gb: Optional[float]) -> None:
+    """Cap this process's virtual memory at its current size + ``limit_gb`` (CPU workers only).
+
+    Args:
+        limit_gb: GiB allowed on top of the current size; ``None`` or 0: no cap.
+    """
+    if not limit_gb:
+        return
+    size_kb = _proc_status_kb("VmSize")
+    if size_kb is None:
+        return
+    # slack for thread stacks and malloc arenas created later
+    limit = int((size_kb / 2 ** 20 + limit_gb + 2.0) * 2 ** 30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` means the configuration did not fit in memory.
+
+    Args:
+        exc: the exception a job raised.
+    """
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(exc).lower()
+    return any(s in text for s in OOM_TEXTS)

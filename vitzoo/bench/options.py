@@ -1,0 +1,145 @@
+"""What a benchmark run depends on: :class:`BenchOptions` and the checks of the names it lists."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from vitzoo.attention import list_attention
+from vitzoo.models import model_config
+from vitzoo.models.swin import SwinConfig
+from vitzoo.models.vit import ViTConfig
+from vitzoo.registry import ConfigError, build_config
+
+
+@dataclass
+class BenchOptions:
+    """Everything a benchmark run depends on (written to ``environment.json``).
+
+    Args:
+        mode: ``"all"``, ``"models"`` or ``"layers"``.
+        attention: backends to run (``None``: every registered backend).
+        models: model variants (``vitzoo.list_models()``).
+        img_sizes: input sides; empty = each model's own ``img_size``.
+        batches: training/inference batch sizes.
+        tokens: token counts of the layer scaling mode (perfect squares: an s×s grid).
+        layer_dim, layer_heads, layer_batch, layer_prefix, layer_window: the single layer's
+            channels, heads, batch, prefix tokens and natural window side (backends whose window
+            option is null use it).
+        references: also time the reference implementations (when installed).
+        warmup, repeats, min_time, max_time: timing (see :func:`vitzoo.bench.timing.time_fns`);
+            ``max_time`` caps the seconds one measurement may take by lowering ``repeats`` (never
+            below 3, or below ``repeats`` if that is smaller).
+        threads: ``torch.set_num_threads`` in every worker (``None``: torch's default).
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        amp: ``"none"`` or ``"bf16"`` (autocast).
+        compile: wrap models in ``torch.compile``.
+        isolate: one process per configuration (honest peak memory); ``False`` runs in-process.
+        timeout: seconds before a configuration's process is stopped.
+        mem_limit_gb: CPU address-space budget of a worker on top of its start-up size
+            (``None``: 80 % of the memory available when the run starts).
+        out: output folder (default ``outputs/benchmark/<timestamp>``).
+        seed: torch seed in every worker.
+    """
+
+    mode: str = "all"
+    attention: Optional[list[str]] = None
+    models: list[str] = field(default_factory=lambda: ["vit_cifar", "swin_cifar"])
+    img_sizes: list[int] = field(default_factory=list)
+    batches: list[int] = field(default_factory=lambda: [64])
+    tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
+    layer_dim: int = 128
+    layer_heads: int = 4
+    layer_batch: int = 4
+    layer_prefix: int = 0
+    layer_window: int = 8
+    references: bool = True
+    warmup: int = 3
+    repeats: int = 5
+    min_time: float = 0.5
+    max_time: float = 60.0
+    threads: Optional[int] = None
+    device: str = "auto"
+    amp: str = "none"
+    compile: bool = False
+    isolate: bool = True
+    timeout: float = 900.0
+    mem_limit_gb: Optional[float] = None
+    out: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.mode not in ("all", "models", "layers"):
+            raise ConfigError(f"--mode must be all, models or layers (got {self.mode!r})")
+        if self.amp not in ("none", "bf16"):
+            raise ConfigError(f"--amp must be none or bf16 (got {self.amp!r})")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        for n in self.tokens:
+            if math.isqrt(n) ** 2 != n:
+                raise ConfigError(f"--tokens {n} is not a square: the layer runs on an s x s token grid")
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be at least 1 (got {self.repeats})")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> "BenchOptions":
+        """Strict construction from a mapping (the command line's ``vars(args)``, a config dict).
+
+        Args:
+            options: option name -> value; an unknown name is a one-line :class:`ConfigError` naming it.
+        """
+        return build_config(cls, options, "bench")
+
+
+def resolve_device(name: str) -> str:
+    """``"cpu"`` or ``"cuda"`` for the ``device`` option (``"auto"``: CUDA when available).
+
+    Args:
+        name: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+    """
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    return name
+
+
+def select_backends(names: Optional[Iterable[str]] = None) -> list[str]:
+    """Registered backends (``vitzoo.list_attention()``), or the named subset (unknown names fail).
+
+    Args:
+        names: backends to keep, in this order; ``None`` or empty: all of them.
+    """
+    known = list_attention()
+    if not names:
+        return known
+    names = list(names)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"--attention: unknown backend(s) {', '.join(unknown)}; registered: {', '.join(known)}")
+    return names
+
+
+def model_family(name: str) -> str:
+    """``"vit"`` or ``"swin"``: the family of model variant ``name`` (keys :data:`MODEL_REFERENCES`).
+
+    The benchmark's one question about how variants are declared; it asks the variant's config
+    class, so it holds however the variants are registered.
+
+    Args:
+        name: a variant from ``vitzoo.list_models()`` (an unknown one is a ConfigError).
+    """
+    cfg = model_config(name)
+    return {ViTConfig: "vit", SwinConfig: "swin"}.get(type(cfg), type(cfg).__name__)
+
+
+def model_img_size(name: str) -> int:
+    """The input side model variant ``name`` is declared with.
+
+    Args:
+        name: a variant from ``vitzoo.list_models()``.
+    """
+    return model_config(name).img_size
