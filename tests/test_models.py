@@ -6,15 +6,10 @@ import torch
 
 import vitzoo
 from vitzoo.flops import count_flops
+from vitzoo.flops.specs import default_attention
 from vitzoo.registry import ConfigError
 
 SMALL = ["vit_cifar", "swin_cifar"]
-# published GMACs (multiply-adds) at 224 px: DeiT-T/S/B (ViT-B/16), Swin-T/S/B
-PUBLISHED = {"vit_tiny": 1.26, "vit_small": 4.6, "vit_base": 17.6, "swin_tiny": 4.5, "swin_small": 8.7, "swin_base": 15.4}
-
-
-def default_attention(name: str) -> str:
-    return "window" if name.startswith("swin") else "global"
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -32,14 +27,6 @@ def test_small_models_forward_backward(name, attention):
 def test_every_variant_builds_with_analytic_flops(name):
     model = vitzoo.create_model(name, attention=default_attention(name))
     assert model.flops() > 0 and sum(p.numel() for p in model.parameters()) > 0
-
-
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
-def test_published_gmacs_within_2_percent(name):
-    model = vitzoo.create_model(name, attention=default_attention(name))
-    report = count_flops(model)
-    assert report.measured == report.analytic
-    assert abs(report.measured / 1e9 - PUBLISHED[name]) / PUBLISHED[name] < 0.02
 
 
 @pytest.mark.parametrize("name", SMALL)
