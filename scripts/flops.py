@@ -8,8 +8,11 @@
 The logic lives in :mod:`vitzoo.flops.cli`; conventions in ``docs/flops.md`` and :mod:`vitzoo.flops`.
 """
 import sys
+import warnings
 
-from vitzoo.flops.cli import main
+warnings.filterwarnings("ignore", category=FutureWarning)  # torch.jit deprecation notices on import (fvcore, timm)
+
+from vitzoo.flops.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

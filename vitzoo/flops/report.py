@@ -90,8 +90,10 @@ def leaf_cost(module: nn.Module, size: Any) -> tuple[str, str, dict[str, int], i
 def _is_mlp(module: nn.Module) -> bool:
     """Two linears ``fc1: C -> D`` and ``fc2: D -> C`` (timm ``Mlp``); anything between them costs 0."""
     fc1, fc2 = getattr(module, "fc1", None), getattr(module, "fc2", None)
-    return (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear) and isinstance(getattr(module, "norm", nn.Identity()), nn.Identity)
-            and (fc2.in_features, fc2.out_features) == (fc1.out_features, fc1.in_features))
+    if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear)):
+        return False
+    no_norm = isinstance(getattr(module, "norm", nn.Identity()), nn.Identity)  # timm's hidden norm: Identity
+    return no_norm and (fc2.in_features, fc2.out_features) == (fc1.out_features, fc1.in_features)
 
 
 def _patch_embed_cost(module: nn.Module, grid: Grid) -> tuple[str, dict[str, int], int]:
@@ -102,11 +104,17 @@ def _patch_embed_cost(module: nn.Module, grid: Grid) -> tuple[str, dict[str, int
     norm = getattr(module, "norm", None)
     if not isinstance(norm, nn.LayerNorm):
         return "HW·C·c·p²", sym, macs
-    return "HW·C·c·p² + 5HWC", sym, macs + layernorm_flops(hw * conv.out_channels, norm.elementwise_affine)
+    norm_text = f" + {5 if norm.elementwise_affine else 4}HWC"
+    return "HW·C·c·p²" + norm_text, sym, macs + layernorm_flops(hw * conv.out_channels, norm.elementwise_affine)
 
 
 def module_row(module: nn.Module, name: str, size: Any, depth: int) -> ModuleRow:
-    """The row of one module: its own ``flops(size)`` when it has one, else :func:`leaf_cost`."""
+    """The row of one module: its own ``flops(size)`` when it has one, else :func:`leaf_cost`.
+
+    Args:
+        module: the module; name: its qualified name; depth: its nesting level.
+        size: what its cost depends on (``img_size`` for the model, a grid or a token count below).
+    """
     if not hasattr(module, "flops"):
         kind, formula, sym, macs = leaf_cost(module, size)
         return ModuleRow(name, depth, with_symbols(formula, sym), macs, kind=kind)
@@ -118,7 +126,12 @@ def module_row(module: nn.Module, name: str, size: Any, depth: int) -> ModuleRow
 
 
 def walk_rows(module: nn.Module, name: str, size: Any, depth: int = 0) -> Iterator[ModuleRow]:
-    """``module``'s row, then (depth first) the rows of the children its ``flops_children(size)`` yields."""
+    """``module``'s row, then (depth first) the rows of the children its ``flops_children(size)`` yields.
+
+    Args:
+        module: where to start; name: its qualified name (``""`` for the model); size: as in
+            :func:`module_row`; depth: its nesting level.
+    """
     yield module_row(module, name, size, depth)
     children = getattr(module, "flops_children", None)
     for child, sub, sub_size in (children(size) if children else ()):
@@ -130,6 +143,10 @@ def analytic_rows(model: nn.Module, img_size: int) -> list[ModuleRow]:
     every module its ``flops_children`` reach (patch embedding, stages, blocks, norms, attention,
     MLP, patch merging, head). Parents give their own ``flops``; leaves the rules of :func:`leaf_cost`,
     so that "children sum to their parent" checks the two against each other.
+
+    Args:
+        model: any module with ``flops(img_size)`` (and ``flops_children`` for a breakdown).
+        img_size: input side in pixels.
     """
     return list(walk_rows(model, "", img_size))
 
