@@ -14,9 +14,10 @@ from torch import nn
 import vitzoo
 from conftest import ROOT, attention_yaml, make_attention
 from vitzoo.flops import (
-    MixerHost, UnsupportedOpError, children_of, count_flops, einsum_macs, evaluate_formula, flop_analysis, mixer_flops,
-    torch_flops,
+    MixerHost, UnsupportedOpError, children_of, count_flops, einsum_macs, evaluate_formula, flop_analysis, leaf_cost,
+    mixer_flops, torch_flops,
 )
+from vitzoo.flops.specs import PUBLISHED, default_attention
 from vitzoo.layers.block import Block
 from vitzoo.registry import ConfigError
 
@@ -27,7 +28,6 @@ MODEL_CASES = {
     "vit_cifar@40": ("vit_cifar", dict(img_size=40, depth=2)),
     "swin_cifar@40": ("swin_cifar", dict(img_size=40, depths=[1, 2, 1])),
 }
-PUBLISHED = {"vit_tiny": 1.26, "vit_small": 4.6, "vit_base": 17.6, "swin_tiny": 4.5, "swin_small": 8.7, "swin_base": 15.4}
 TOLERANCE = 0.02  # published GMACs are rounded to 2-3 significant digits
 
 
@@ -76,10 +76,12 @@ def published_reports():
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_gmacs_within_2_percent(name, published_reports):
+    """The only published-GMACs check (``scripts/flops.py --published`` prints the same comparison)."""
     report = published_reports(name)
+    published = PUBLISHED[name][1]
     assert report.measured == report.analytic
     for value in (report.measured, report.analytic):
-        assert abs(value / 1e9 - PUBLISHED[name]) / PUBLISHED[name] < TOLERANCE, (name, value)
+        assert abs(value / 1e9 - published) / published < TOLERANCE, (name, value)
     assert_breakdown_adds_up(report)
     # the second tool: its FLOPs ÷ 2 are fvcore's MACs minus the norms it does not count
     assert report.torch == report.matrix == report.measured - report.norms
@@ -179,6 +181,26 @@ def test_evaluate_formula():
     assert evaluate_formula("4NX", {"N": 1}) is None
 
 
+def test_breakdown_rows_of_swin_are_the_modules_flops_children_name():
+    """The generic walk reaches every part a Swin model's flops() sums, with the leaf rules' formulas."""
+    model = vitzoo.create_model("swin_cifar", attention="window", depths=[2, 1], num_heads=[2, 4])
+    rows = {r.name: r for r in count_flops(model).modules}
+    assert list(rows)[:9] == ["", "patch_embed", "stages.0", "stages.0.blocks.0", "stages.0.blocks.0.norm1",
+                              "stages.0.blocks.0.attn", "stages.0.blocks.0.norm2", "stages.0.blocks.0.mlp",
+                              "stages.0.blocks.1"]
+    assert list(rows)[-4:] == ["stages.1.blocks.0.norm2", "stages.1.blocks.0.mlp", "norm", "head"]
+    assert rows["stages.0.downsample"].formula.startswith("5N'·4C + N'·4C·2C  (N'=64, C=64)")
+    assert rows["patch_embed"].formula == "HW·C·c·p² + 5HWC  (H=16, W=16, C=64, c=3, p=2)"
+    assert rows["head"].formula == "CK  (C=128, K=10)" and rows["norm"].formula == "5NC  (N=64, C=128)"
+    assert rows["stages.0.blocks.0.mlp"].formula == "2NCD  (N=256, C=64, D=128)"
+
+
+def test_a_leaf_without_a_rule_is_an_error_not_zero():
+    assert leaf_cost(nn.Linear(4, 3), 5)[3] == 5 * 4 * 3
+    with pytest.raises(TypeError, match="no analytic FLOPs rule for Conv1d"):
+        leaf_cost(nn.Conv1d(4, 4, 3), 5)
+
+
 def test_wrong_size_is_a_config_error_not_a_number():
     with pytest.raises(ConfigError, match="patch_size"):
         count_flops(vitzoo.create_model("vit_cifar"), img_size=30)
@@ -218,6 +240,11 @@ def test_cli_bad_input_says_why(cli, capsys):
     assert "model.img_size (30)" in capsys.readouterr().err
     assert cli.main(["model=vit_cifar", "colour=red"]) == 2
     assert "unknown override 'colour'" in capsys.readouterr().err
+    assert cli.main(["model=vit_cifar", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in err and len(err.strip().splitlines()) == 1
+    assert cli.main(["model=vit_huge"]) == 2
+    assert "unknown model 'vit_huge'" in capsys.readouterr().err
 
 
 def test_cli_all_writes_markdown_and_csv(cli, tmp_path, capsys):
@@ -227,6 +254,12 @@ def test_cli_all_writes_markdown_and_csv(cli, tmp_path, capsys):
     assert "unknown attention 'nope'" in rows[1]["why"]
     assert float(rows[0]["measured GMACs"]) == pytest.approx(0.1262, abs=1e-4)
     assert "| vit_cifar |" in (tmp_path / "all.md").read_text()
+
+
+def test_cli_formulas_prints_each_backends_formula(cli, capsys):
+    assert cli.main(["--formulas", "attentions=global,window"]) == 0
+    out = capsys.readouterr().out
+    assert "| `window` | `4NC² + 2M²NC" in out and out.count("= flops()") == 2
 
 
 def test_cli_scaling_writes_table_and_plot(cli, tmp_path, capsys):

@@ -15,8 +15,6 @@ from vitzoo.models import MODELS, attention_spec, natural_attention
 from vitzoo.registry import ConfigError, Registry
 
 SMALL = ["vit_cifar", "swin_cifar"]
-# published GMACs (multiply-adds) at 224 px: DeiT-T/S/B (ViT-B/16), Swin-T/S/B
-PUBLISHED = {"vit_tiny": 1.26, "vit_small": 4.6, "vit_base": 17.6, "swin_tiny": 4.5, "swin_small": 8.7, "swin_base": 15.4}
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -78,14 +76,6 @@ def test_variant_registry_is_strict():
         models.config({"name": "small", "depth": 2})
     with pytest.raises(ConfigError, match=r"^unknown model 'big'; choose model= one of: small$"):
         models.config("big")
-
-
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
-def test_published_gmacs_within_2_percent(name):
-    model = vitzoo.create_model(name)
-    report = count_flops(model)
-    assert report.measured == report.analytic
-    assert abs(report.measured / 1e9 - PUBLISHED[name]) / PUBLISHED[name] < 0.02
 
 
 @pytest.mark.parametrize("name", SMALL)

@@ -4,7 +4,7 @@
 >>> model = vitzoo.create_model("vit_cifar", attention="window", num_classes=10)
 """
 from vitzoo.attention import build_attention, list_attention, register_attention
-from vitzoo.models import create_model, list_models
+from vitzoo.models import create_model, list_models, natural_attention
 from vitzoo.registry import ConfigError
 
 __version__ = "0.1.0"
@@ -17,5 +17,5 @@ def load_model(path, map_location="cpu"):
     return _load(path, map_location=map_location)
 
 
-__all__ = ["ConfigError", "build_attention", "create_model", "list_attention", "list_models", "load_model",
+__all__ = ["ConfigError", "build_attention", "create_model", "list_attention", "list_models", "load_model", "natural_attention",
            "register_attention", "__version__"]

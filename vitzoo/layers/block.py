@@ -1,6 +1,7 @@
 """The pre-norm transformer block shared by ViT and Swin: ``x + mix(norm(x))``, ``x + mlp(norm(x))``."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from timm.layers import DropPath, Mlp
@@ -8,11 +9,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, build_attention
 from vitzoo.attention.base import Grid
-
-
-def layernorm_flops(numel: int) -> int:
-    """fvcore's count for an affine LayerNorm: 5 per element (mean, var, normalise, scale, shift)."""
-    return 5 * numel
+from vitzoo.costs import layernorm_flops  # noqa: F401 - also imported from here by the backbones
 
 
 class Block(nn.Module):
@@ -24,6 +21,8 @@ class Block(nn.Module):
         mlp_ratio: hidden width of the MLP relative to C.
         drop: dropout in the MLP; drop_path: stochastic depth rate.
     """
+
+    formula = "norm1 + attn + norm2 + mlp"  # how flops() is composed (shown in FLOPs breakdowns)
 
     def __init__(self, attention: Any, ctx: MixerContext, mlp_ratio: float = 4.0, drop: float = 0.0,
                  drop_path: float = 0.0):
@@ -43,3 +42,18 @@ class Block(nn.Module):
         mlp = n * self.mlp.fc1.in_features * self.mlp.fc1.out_features  # fc1: N·C·hidden
         mlp += n * self.mlp.fc2.in_features * self.mlp.fc2.out_features  # fc2: N·hidden·C
         return 2 * layernorm_flops(n * self.attn.dim) + self.attn.flops(grid) + mlp
+
+    def flops_children(self, grid: Grid) -> Iterator[tuple[str, nn.Module, Any]]:
+        """The parts :meth:`flops` sums, each with what its cost depends on (for a breakdown).
+
+        Args:
+            grid: token grid (H, W) the block runs at.
+
+        Yields:
+            ``(name, module, size)``: the grid for the mixer, the token count N for norms and MLP.
+        """
+        n = self.attn.seq_len(grid)
+        yield "norm1", self.norm1, n
+        yield "attn", self.attn, grid
+        yield "norm2", self.norm2, n
+        yield "mlp", self.mlp, n

@@ -9,6 +9,7 @@ backbone with, e.g., Performer or Linformer attention.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -75,6 +76,13 @@ class PatchMerging(nn.Module):
         c4 = self.reduction.in_features
         return layernorm_flops(h * w * c4) + h * w * c4 * self.reduction.out_features  # norm + linear 4C->2C
 
+    formula = "5N'·4C + N'·4C·2C"  # norm over 4C + reduction 4C -> 2C, at N' merged tokens
+
+    def symbols(self, grid: tuple[int, int]) -> dict[str, int]:
+        """Values of the symbols of :attr:`formula` at input ``grid``: N' merged tokens, C input channels."""
+        h, w = self.out_grid(grid)
+        return {"N'": h * w, "C": self.reduction.in_features // 4}
+
 
 class SwinStage(nn.Module):
     """Blocks at one resolution (odd blocks built ``shifted``: SW-MSA with window attention), then optional patch merging."""
@@ -101,6 +109,19 @@ class SwinStage(nn.Module):
     def flops(self, grid: tuple[int, int]) -> int:
         total = sum(blk.flops(grid) for blk in self.blocks)
         return total + (self.downsample.flops(grid) if self.downsample is not None else 0)
+
+    formula = "Σ blocks + downsample"  # how flops() is composed (shown in FLOPs breakdowns)
+
+    def flops_children(self, grid: tuple[int, int]) -> Iterator[tuple[str, nn.Module, Any]]:
+        """The parts :meth:`flops` sums, each at the stage's input ``grid`` (for a breakdown).
+
+        Args:
+            grid: token grid (H, W) the stage runs at.
+        """
+        for i, blk in enumerate(self.blocks):
+            yield f"blocks.{i}", blk, grid
+        if self.downsample is not None:
+            yield "downsample", self.downsample, grid
 
 
 class SwinTransformer(nn.Module):
@@ -167,6 +188,24 @@ class SwinTransformer(nn.Module):
         total += layernorm_flops(grid[0] * grid[1] * self.num_features)  # final norm
         return total + self.num_features * self.cfg.num_classes  # head
 
+    def flops_children(self, img_size: Optional[int] = None) -> Iterator[tuple[str, nn.Module, Any]]:
+        """The parts :meth:`flops` sums, each with what its cost depends on (for a breakdown).
+
+        Args:
+            img_size: input side in pixels (default: the model's).
+
+        Yields:
+            ``(name, module, size)``: the token grid for the patch embedding and each stage (its
+            input grid), the token count for the final norm and the head (1: the pooled token).
+        """
+        s = img_size or self.cfg.img_size
+        grid = (s // self.cfg.patch_size, s // self.cfg.patch_size)
+        yield "patch_embed", self.patch_embed, grid
+        for i, stage in enumerate(self.stages):
+            yield f"stages.{i}", stage, grid
+            grid = grid if stage.downsample is None else PatchMerging.out_grid(grid)
+        yield "norm", self.norm, grid[0] * grid[1]
+        yield "head", self.head, 1
 
 @register_model(SwinTransformer)
 def swin_tiny() -> dict[str, Any]:

@@ -5,6 +5,7 @@ Touvron et al., "Training data-efficient image transformers" (DeiT), https://arx
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -120,6 +121,24 @@ class VisionTransformer(nn.Module):
         total += sum(blk.flops(grid) for blk in self.blocks)
         total += layernorm_flops(n * C)  # final norm
         return total + C * self.cfg.num_classes  # head
+
+    def flops_children(self, img_size: Optional[int] = None) -> Iterator[tuple[str, nn.Module, Any]]:
+        """The parts :meth:`flops` sums, each with what its cost depends on (for a breakdown).
+
+        Args:
+            img_size: input side in pixels (default: the model's).
+
+        Yields:
+            ``(name, module, size)``: the token grid for the patch embedding and the blocks, the
+            token count for the final norm (prefix + grid tokens) and the head (1: the pooled token).
+        """
+        s = img_size or self.cfg.img_size
+        grid = self.token_grid((s, s))
+        yield "patch_embed", self.patch_embed, grid
+        for i, blk in enumerate(self.blocks):
+            yield f"blocks.{i}", blk, grid
+        yield "norm", self.norm, self.num_prefix + grid[0] * grid[1]
+        yield "head", self.head, 1
 
 
 @register_model(VisionTransformer)

@@ -1,0 +1,287 @@
+"""The sweeps of ``scripts/flops.py``: ``--all`` (every model x backend), ``--scaling`` (one layer as
+the grid grows, table and plot), ``--formulas`` (every backend's formula) and ``--published``
+(published GMACs versus vitzoo's and timm's counts). Each returns the exit code: 0 when every count
+agrees, 1 otherwise."""
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+import vitzoo
+from vitzoo.attention import ATTENTION, MixerContext, build_attention
+from vitzoo.configs import attention_options
+from vitzoo.flops.formula import evaluate_formula
+from vitzoo.flops.handles import UnsupportedOpError, flop_analysis
+from vitzoo.flops.report import FlopReport, count_flops, mixer_flops
+from vitzoo.flops.specs import PUBLISHED, build, default_attention, names
+from vitzoo.flops.tables import gmacs, human, markdown, print_table, signed, write_csv
+from vitzoo.flops.torch_counter import torch_flops
+from vitzoo.registry import ConfigError
+
+ALL_HEADER = ["model", "attention", "status", "params (M)", "analytic GMACs", "measured GMACs", "Δ (MACs)",
+              "torch ÷ 2 GMACs", "fvcore matrix-op GMACs", "Δ tools (MACs)", "seconds", "why"]
+TORCH_COLUMNS = {"torch ÷ 2 GMACs", "fvcore matrix-op GMACs", "Δ tools (MACs)"}
+
+
+def pair_cells(model_name: str, att: str, second: bool) -> dict[str, str]:
+    """One ``--all`` row as ``{column: text}``: the counts, or why the pair was not measured.
+
+    Args:
+        model_name: variant; att: backend (its ``configs/attention`` options); second: run FlopCounterMode too.
+    """
+    t0 = time.time()
+    cells = dict(model=model_name, attention=att)
+    try:
+        r = count_flops(build(model_name, attention_options(att)), second_tool=second)
+    except ConfigError as e:
+        cells.update(status="cannot build", why=str(e))
+    except UnsupportedOpError as e:
+        cells.update(status="unsupported op", why=str(e))
+    except Exception as e:  # noqa: BLE001 - reported, the sweep goes on
+        first = str(e).splitlines()[0] if str(e) else ""
+        cells.update(status="error", why=f"{type(e).__name__}: {first}")
+    else:
+        diff = r.measured - r.analytic
+        tools = None if r.torch is None else r.torch - r.matrix
+        cells.update({"status": "ok" if not diff and not tools else "MISMATCH",
+                      "params (M)": f"{r.params / 1e6:.2f}", "analytic GMACs": gmacs(r.analytic),
+                      "measured GMACs": gmacs(r.measured), "Δ (MACs)": signed(diff),
+                      "torch ÷ 2 GMACs": gmacs(r.torch), "fvcore matrix-op GMACs": gmacs(r.matrix),
+                      "Δ tools (MACs)": signed(tools)})
+    cells["seconds"] = f"{time.time() - t0:.1f}"
+    return cells
+
+
+def all_pairs(values: dict[str, Any]) -> int:
+    """``--all``: every model x every backend, Markdown + CSV in ``out`` (the CSV grows row by row)."""
+    models = names(values.get("models")) or vitzoo.list_models()
+    attentions = names(values.get("attentions")) or vitzoo.list_attention()
+    second = values.get("torch", True) is not False  # the second tool: ~25 % more time (132 s vs 105 s idle)
+    out = Path(values.get("out") or "outputs/flops")
+    out.mkdir(parents=True, exist_ok=True)
+    header = [h for h in ALL_HEADER if second or h not in TORCH_COLUMNS]
+    rows, start = [], time.time()
+    with (out / "all.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for model_name in models:
+            for att in attentions:
+                cells = pair_cells(model_name, att, second)
+                rows.append([cells.get(h, "") for h in header])
+                writer.writerow(rows[-1])
+                f.flush()
+                print(f"{model_name:>11} {att:<14} {cells['status']:<13} "
+                      f"{cells.get('measured GMACs') or cells.get('why', '')}", file=sys.stderr, flush=True)
+    (out / "all.md").write_text(all_markdown(rows, header, models, attentions, second, time.time() - start))
+    bad = sum(r[2] not in ("ok", "cannot build") for r in rows)
+    built = sum(r[2] in ("ok", "MISMATCH") for r in rows)
+    print(f"{built}/{len(rows)} pairs built, {bad} with a mismatch or error; wrote {out / 'all.md'} and "
+          f"{out / 'all.csv'} ({time.time() - start:.0f} s)")
+    return 1 if bad else 0
+
+
+def all_markdown(rows: list[list[Any]], header: list[str], models: list[str], attentions: list[str], second: bool,
+                 seconds: float) -> str:
+    """The ``--all`` report: a pivot of measured GMACs, then every row."""
+    note = (" torch ÷ 2 = `torch.utils.flop_counter.FlopCounterMode` FLOPs halved (CPU SDPA formula registered), "
+            "compared with fvcore on the ops both count (norms excluded)." if second else "")
+    md = ["# FLOPs of every model x attention pair\n",
+          f"MACs for one image at each model's own size; measured = fvcore with vitzoo's handles.{note} "
+          f"Generated by `python scripts/flops.py --all{'' if second else ' torch=false'}` in {seconds:.0f} s.\n",
+          "## Measured GMACs\n", pivot(rows, header, models, attentions), "\n## Details\n", markdown(header, rows)]
+    return "\n".join(md)
+
+
+def pivot(rows: list[list[Any]], header: list[str], models: list[str], attentions: list[str]) -> str:
+    col = header.index("measured GMACs")
+    cells = {(r[0], r[1]): (r[col] if r[2] in ("ok", "MISMATCH") else "✗") for r in rows}
+    return markdown(["attention"] + models, [[a] + [cells.get((m, a), "") for m in models] for a in attentions]) + \
+        "\n✗: not built (the reason is in the details: a ConfigError, an unsupported op or an error).\n"
+
+
+def _layer(name: str, side: int, dim: int, heads: int, window: int, prefix: int = 0):
+    return build_attention(attention_options(name), MixerContext(dim, heads, (side, side), prefix, window=window))
+
+
+def scaling(values: dict[str, Any]) -> int:
+    """``--scaling``: GMACs of one attention layer versus grid side, table + log-log plot."""
+    grids = [int(g) for g in (names(values.get("grids")) or [8, 16, 32, 64])]
+    dim, heads, window = int(values.get("dim") or 128), int(values.get("heads") or 4), int(values.get("window") or 8)
+    attentions = names(values.get("attentions")) or vitzoo.list_attention()
+    out = Path(values.get("out") or "outputs/flops")
+    out.mkdir(parents=True, exist_ok=True)
+    series: dict[str, list[Optional[int]]] = {}
+    notes: dict[str, str] = {}
+    bad = 0
+    for name in attentions:
+        series[name] = []
+        for side in grids:
+            try:
+                layer = _layer(name, side, dim, heads, window)
+                analytic, measured, _ = mixer_flops(layer, (side, side))
+            except (ConfigError, UnsupportedOpError) as e:
+                series[name].append(None)
+                notes[name] = f"{side}x{side}: {e}"
+                continue
+            bad += analytic != measured
+            if analytic != measured:
+                notes[name] = f"{side}x{side}: analytic {analytic} != measured {measured}"
+            series[name].append(measured)
+        print(f"{name:<14} " + " ".join(human(v) for v in series[name]), file=sys.stderr, flush=True)
+    header = ["attention"] + [f"{g}x{g} (N={g * g})" for g in grids] + ["exponent", "formula", "note"]
+    rows, raw = [], []
+    for name, vals in series.items():
+        tail = [exponent(grids, vals), _formula(name), notes.get(name, "")]
+        rows.append([name] + [gmacs(v, 5) for v in vals] + tail)
+        raw.append([name] + ["" if v is None else v for v in vals] + tail)
+    write_csv(out / "scaling.csv", header, raw)  # MACs; the Markdown and the console show GMACs
+    plot_scaling(out / "scaling.png", grids, series, dim, heads, window)
+    intro = (f"GMACs of one attention layer (C={dim}, h={heads}, no prefix token, each backend's "
+             f"configs/attention YAML options, natural window {window}) for one image, measured with fvcore "
+             f"(equal to the analytic count unless a note says otherwise). Exponent: slope of log MACs "
+             f"against log N between the two largest grids (1: linear, 2: quadratic).\n")
+    (out / "scaling.md").write_text("# Attention cost versus tokens\n\n" + intro + "\n" + markdown(header, rows)
+                                    + f"\n![scaling]({(out / 'scaling.png').name})\n")
+    print_table(f"Attention-layer GMACs (C={dim}, h={heads}, window {window}) vs grid", header[:-1],
+                [r[:-1] for r in rows], justify_right=set(range(1, len(grids) + 2)))
+    print(f"wrote {out / 'scaling.md'}, {out / 'scaling.csv'} and {out / 'scaling.png'}")
+    return 1 if bad else 0
+
+
+def _formula(name: str) -> str:
+    return ATTENTION.get(name)[0].formula
+
+
+def exponent(grids: list[int], vals: list[Optional[int]]) -> str:
+    pts = [(g * g, v) for g, v in zip(grids, vals) if v]
+    if len(pts) < 2:
+        return "—"
+    (n0, v0), (n1, v1) = pts[-2], pts[-1]
+    return f"{math.log(v1 / v0) / math.log(n1 / n0):.2f}"
+
+
+def plot_scaling(path: Path, grids: list[int], series: dict[str, list[Optional[int]]], dim: int, heads: int,
+                 window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax_tok) = plt.subplots(1, 2, figsize=(15, 6.5))
+    n = [g * g for g in grids]
+    cmap = plt.get_cmap("tab20")
+    styles = ["-", "--", "-.", ":"]
+    for i, (name, vals) in enumerate(series.items()):
+        pts = [(x, v) for x, v in zip(n, vals) if v]
+        if not pts:
+            continue
+        style = dict(marker="o", ms=3, lw=1.4, color=cmap(i % 20), ls=styles[(i // 20) % 4], label=name)
+        ax.plot([x for x, _ in pts], [v / 1e9 for _, v in pts], **style)
+        ax_tok.plot([x for x, _ in pts], [v / x / 1e3 for x, v in pts], **style)
+    firsts = sorted(vals[0] for vals in series.values() if vals and vals[0])
+    if firsts:  # guides through the median first point: slope 1 (linear) and slope 2 (quadratic)
+        y0 = firsts[len(firsts) // 2] / 1e9
+        for slope, label in ((1, "∝ N"), (2, "∝ N²")):
+            ax.plot(n, [y0 * (x / n[0]) ** slope for x in n], color="black", lw=1.0, ls=":", zorder=0)
+            ax.annotate(label, (n[-1], y0 * (n[-1] / n[0]) ** slope), color="black", fontsize=9,
+                        xytext=(4, 0), textcoords="offset points")
+    for a in (ax, ax_tok):
+        a.set_xscale("log")
+        a.set_yscale("log")
+        a.set_xticks(n, [f"{g}×{g}\nN={g * g}" for g in grids])
+        a.set_xlabel("token grid")
+        a.grid(True, which="both", alpha=0.3)
+    ax.set_ylabel("GMACs per image (one layer)")
+    ax.set_title("total: slope 1 = linear, slope 2 = quadratic")
+    ax_tok.set_ylabel("KMACs per token")
+    ax_tok.set_title("per token: flat = linear (incl. window N·M²), rising = superlinear")
+    ax_tok.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    fig.suptitle(f"Attention-layer cost vs tokens (C={dim}, h={heads}, no prefix, natural window {window}; "
+                 f"fvcore-measured = analytic)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def formulas(values: dict[str, Any]) -> int:
+    """``--formulas``: every backend's formula, symbols and value at a reference layer (Markdown)."""
+    side = int(names(values.get("grids"))[0]) if values.get("grids") else 14
+    dim, heads, window = int(values.get("dim") or 128), int(values.get("heads") or 4), int(values.get("window") or 7)
+    header = ["attention", "formula (MACs)", f"symbols at {side}×{side}, C={dim}, h={heads}", "flops()",
+              "formula value", "linear in N", "flags"]
+    rows = []
+    for name in (names(values.get("attentions")) or vitzoo.list_attention()):
+        try:
+            layer = _layer(name, side, dim, heads, window)
+        except ConfigError as e:
+            rows.append([f"`{name}`", "", "", "", "", "", f"cannot build: {e}"])
+            continue
+        grid = (side, side)
+        sym = layer.symbols(grid)
+        value = evaluate_formula(layer.formula, sym)
+        flops = layer.flops(grid)
+        mark = "" if value is None else ("= flops()" if round(value) == flops else f"{value / 1e6:.3f} M")
+        flags = ", ".join(f for f in ("fixed_length", "takes_bias") if getattr(layer, f))
+        rows.append([f"`{name}`", f"`{layer.formula}`", ", ".join(f"{k}={v}" for k, v in sym.items()),
+                     f"{flops / 1e6:.3f} M", mark or "(not evaluable)", "yes" if layer.linear_cost else "no", flags])
+    text = markdown(header, rows)
+    print(text)
+    return 0
+
+
+def timm_counts(name: str) -> dict[str, float]:
+    """GMACs of a timm ViT (pretrained=False) by fvcore plain / with vitzoo's handles, and by FlopCounterMode."""
+    import timm
+    from fvcore.nn import FlopCountAnalysis
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = timm.create_model(name, pretrained=False).eval()
+    x = torch.zeros(1, 3, 224, 224)
+    with torch.no_grad():
+        plain = FlopCountAnalysis(model, (x,))
+        plain.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+        res = {"fvcore": plain.total(), "fvcore_ops": dict(plain.unsupported_ops()),
+               "fvcore + vitzoo handles": flop_analysis(model, (x,)).total()}
+        res["FlopCounterMode (CPU)"] = torch_flops(model, (x,), cpu_sdpa=False).total
+        res["FlopCounterMode + CPU SDPA formula"] = torch_flops(model, (x,)).total
+        with sdpa_kernel(SDPBackend.MATH):
+            res["FlopCounterMode, math SDPA"] = torch_flops(model, (x,), cpu_sdpa=False).total
+    res["fused_attn"] = bool(getattr(model.blocks[0].attn, "fused_attn", False))
+    return res
+
+
+def published(values: dict[str, Any]) -> int:
+    """``--published``: published GMACs versus vitzoo's analytic, fvcore and FlopCounterMode counts."""
+    out = Path(values.get("out") or "outputs/flops")
+    out.mkdir(parents=True, exist_ok=True)
+    header = ["model", "vitzoo", "published GMACs", "analytic", "measured (fvcore)", "Δ measured",
+              "torch ÷ 2 (matrix ops)", "fvcore matrix ops", "norms (fvcore only)", "params (M)"]
+    rows, bad = [], 0
+    for name, (paper, pub) in PUBLISHED.items():
+        r = count_flops(build(name, default_attention(name)), second_tool=True)
+        rel = (r.measured / 1e9 - pub) / pub
+        bad += abs(rel) >= 0.02 or abs(r.analytic / 1e9 - pub) / pub >= 0.02
+        rows.append([paper, f"{name}, attention={default_attention(name)}", pub, gmacs(r.analytic, 3),
+                     gmacs(r.measured, 3), f"{rel:+.1%}", gmacs(r.torch, 3), gmacs(r.matrix, 3), gmacs(r.norms, 3),
+                     f"{r.params / 1e6:.1f}"])
+    text = "## Published versus measured (GMACs, 224 px, one image)\n\n" + markdown(header, rows)
+    theader = ["timm model (pretrained=False)", "fvcore, no SDPA handle", "fvcore + vitzoo handles",
+               "FlopCounterMode ÷ 2, CPU", "FlopCounterMode ÷ 2 + CPU SDPA formula", "FlopCounterMode ÷ 2, math SDPA",
+               "fvcore unsupported ops"]
+    trows = []
+    for name in ("vit_tiny_patch16_224", "vit_small_patch16_224"):
+        c = timm_counts(name)
+        trows.append([f"{name} (fused_attn={c['fused_attn']})", gmacs(c["fvcore"], 3),
+                      gmacs(c["fvcore + vitzoo handles"], 3), gmacs(c["FlopCounterMode (CPU)"], 3),
+                      gmacs(c["FlopCounterMode + CPU SDPA formula"], 3), gmacs(c["FlopCounterMode, math SDPA"], 3),
+                      ", ".join(f"{k}×{v}" for k, v in sorted(c["fvcore_ops"].items()))])
+    text += "\n## timm's fused-attention ViT (GMACs)\n\n" + markdown(theader, trows)
+    (out / "published.md").write_text(text)
+    print(text)
+    return 1 if bad else 0
