@@ -64,6 +64,7 @@ def digits_batch(n=16):
     return torch.stack([dm.val_set[i][0] for i in range(n)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,attention", CASES, ids=[f"{m}-{a}" for m, a in CASES])
 def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     if not (CONFIGS / "attention" / f"{attention}.yaml").is_file():
@@ -228,6 +229,7 @@ def test_eval_rejects_bad_checkpoints(tmp_path):
         evaluate(compose_cfg([f"ckpt_path={other}"], tmp_path, config="eval"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (CIFAR_ROOT / "train").is_dir(), reason=f"CIFAR-10 JPEGs not found at {CIFAR_ROOT} (env VITZOO_CIFAR10)")
 def test_imagefolder_training_on_shared_cifar10(tmp_path):
     results = train(compose_cfg(tiny(extra=["data=imagefolder", f"data.root={CIFAR_ROOT}", "data.num_workers=0",
@@ -241,6 +243,7 @@ def run(script, *args, cwd=ROOT):
     return subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_entry_points_multirun_and_eval(tmp_path):
     """`train.py -m` with one good and one bad job: the sweep finishes both, records the failure, exits 1;
     then `eval.py` on the good job's checkpoint."""
@@ -263,6 +266,7 @@ def test_entry_points_multirun_and_eval(tmp_path):
     assert report["model"] == "vit_cifar" and 0 <= report["val_acc"] <= 1 and report["num_val_images"] == 180
 
 
+@pytest.mark.slow
 def test_entry_point_single_run_error_is_one_line(tmp_path):
     proc = run("train.py", "model.img_size=30", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
