@@ -109,3 +109,118 @@ def test_imagefolder_reads_shared_cifar10():
     assert dm.classes[:3] == ["airplane", "automobile", "bird"]
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (8, 3, 32, 32) and y.max() < 10
+
+
+# ------------------------------------------------------------------------------------------- normalisation
+# Every path must hand the model (image - mean) / std per channel, with the mean/std of its data config.
+
+def data_module(overrides):
+    """The DataModule that ``configs/train.yaml`` with ``overrides`` instantiates (as training does)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from conftest import CONFIGS
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    return instantiate(cfg.data), cfg.data
+
+
+def per_channel(x):
+    """``x[B, 3, H, W]`` -> per-channel mean and std over everything else."""
+    x = x.transpose(0, 1).reshape(3, -1).double()
+    return x.mean(1), x.std(1)
+
+
+def test_digits_come_out_normalised_with_the_configured_mean_and_std():
+    """At img_size=8 the images are sklearn's own pixels (/16): each validation image must equal
+    (pixel - mean) / std per channel, and the set's per-channel statistics must follow from sklearn's."""
+    from sklearn.datasets import load_digits
+
+    mean, std = (0.3, 0.2, 0.1), (0.25, 0.5, 0.125)  # distinct per channel: a channel mix-up shows
+    dm, cfg = data_module(["data=digits", "data.img_size=8", f"data.mean=[{','.join(map(str, mean))}]",
+                           f"data.std=[{','.join(map(str, std))}]"])
+    dm.setup("fit")
+    raw = torch.tensor(load_digits().images, dtype=torch.float64) / 16.0  # [N, 8, 8] in [0, 1]
+    m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+    idx = dm.val_set.base.indices
+    got = torch.stack([dm.val_set[i][0] for i in range(len(dm.val_set))]).double()  # [180, 3, 8, 8]
+    expected = (raw[idx][:, None] - m[:, None, None]) / s[:, None, None]
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    mu, sd = per_channel(got)
+    torch.testing.assert_close(mu, (raw[idx].mean() - m) / s, rtol=0, atol=1e-5)
+    torch.testing.assert_close(sd, raw[idx].std() / s, rtol=1e-4, atol=0)
+
+    # the shipped config: mean = std = 0.5 maps [0, 1] onto [-1, 1] (blank pixels to exactly -1)
+    dm, cfg = data_module(["data=digits"])
+    dm.setup("fit")
+    assert (tuple(cfg.mean), tuple(cfg.std)) == ((0.5,) * 3, (0.5,) * 3)
+    x, _ = next(iter(dm.val_dataloader()))
+    assert x.min() == -1.0 and 0.9 < x.max() <= 1.0
+
+
+@pytest.mark.parametrize("img_size,use_timm", [(32, False), (224, True)])
+def test_build_transform_maps_the_mean_colour_to_zero(img_size, use_timm):
+    """A constant image whose colour is the mean maps to 0, one at mean + std to 1 (both transform paths)."""
+    mean, std = (100 / 255, 150 / 255, 200 / 255), (0.2, 0.3, 0.1)
+    t = build_transform(img_size, mean, std, train=False, use_timm=use_timm)
+    zero = t(Image.new("RGB", (40, 40), (100, 150, 200)))
+    assert zero.shape == (3, img_size, img_size)
+    torch.testing.assert_close(zero, torch.zeros_like(zero), rtol=0, atol=1e-5)
+    one = t(Image.new("RGB", (40, 40), tuple(round(255 * (m + s)) for m, s in zip(mean, std))))
+    expected = torch.tensor([(round(255 * (m + s)) / 255 - m) / s for m, s in zip(mean, std)])
+    torch.testing.assert_close(one, expected[:, None, None].expand_as(one), rtol=0, atol=1e-5)
+
+
+def write_fake_cifar10(root, colours_train, colours_test):
+    """A ``cifar-10-batches-py`` folder in torchvision's pickle format with constant-colour images."""
+    import pickle
+
+    import numpy as np
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+
+    def batch(colours):
+        data = np.stack([np.repeat(np.array(c, dtype=np.uint8), 32 * 32) for c in colours])  # [n, 3072] CHW
+        return {"data": data, "labels": [i % 10 for i in range(len(colours))]}
+
+    for i in range(1, 6):
+        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch(colours_train)))
+    (folder / "test_batch").write_bytes(pickle.dumps(batch(colours_test)))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
+
+
+def test_cifar_path_normalises_with_the_configured_mean_and_std(tmp_path, monkeypatch):
+    """configs/data/cifar10.yaml on a tiny fake CIFAR-10: every validation image equals (colour/255 - mean) / std."""
+    import torchvision.datasets.cifar as tv_cifar
+
+    monkeypatch.setattr(tv_cifar, "check_integrity", lambda *a, **k: True)  # fake files have no official md5
+    colours = [(10 * i, 255 - 20 * i, 125) for i in range(10)]
+    write_fake_cifar10(tmp_path, colours, colours)
+    dm, cfg = data_module(["data=cifar10", f"data.root={tmp_path}", "data.download=false", "data.num_workers=0"])
+    dm.prepare_data()
+    dm.setup("fit")
+    assert tuple(cfg.mean) == (0.4914, 0.4822, 0.4465) and tuple(cfg.std) == (0.2470, 0.2435, 0.2616)
+    m, s = torch.tensor(cfg.mean), torch.tensor(cfg.std)
+    for i, colour in enumerate(colours):
+        x, y = dm.val_set[i]
+        expected = (torch.tensor(colour) / 255 - m) / s
+        torch.testing.assert_close(x, expected[:, None, None].expand(3, 32, 32), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("img_size", [16, 96])  # small-image path and timm's transform
+def test_imagefolder_path_normalises_with_the_configured_mean_and_std(tmp_path, img_size):
+    make_folder(tmp_path, "train", per_class=4)
+    make_folder(tmp_path, "val", per_class=2)  # colours (40·c, 10·i, 100)
+    dm, cfg = data_module(["data=imagefolder", f"data.root={tmp_path}", f"model.img_size={img_size}",
+                           "data.num_workers=0"])
+    dm.setup("fit")
+    assert tuple(cfg.mean) == (0.485, 0.456, 0.406) and tuple(cfg.std) == (0.229, 0.224, 0.225)
+    m, s = torch.tensor(cfg.mean), torch.tensor(cfg.std)
+    for k in range(len(dm.val_set)):
+        x, label = dm.val_set[k]
+        i = k % 2  # ImageFolder lists files sorted: 0.png, 1.png per class
+        expected = (torch.tensor([40 * label, 10 * i, 100]) / 255 - m) / s
+        assert x.shape == (3, img_size, img_size)
+        torch.testing.assert_close(x, expected[:, None, None].expand_as(x), rtol=0, atol=1e-5)

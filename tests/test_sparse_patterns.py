@@ -13,7 +13,8 @@ import torch
 from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, build_attention
-from vitzoo.attention._sparse import SparsePatternAttention, axis_index, fit_dilation, neighbourhood_index
+from vitzoo.attention._neighbourhood import axis_index, fit_dilation, neighbourhood_index
+from vitzoo.attention._sparse import SparsePatternAttention
 from vitzoo.flops import flop_analysis
 
 SPARSE = backends("sparse", SparsePatternAttention)  # from the registry: local, dilated, global_tokens, ...

@@ -2,6 +2,7 @@
 down, checkpoint and export reload to the same logits, eval on the checkpoint), bad input, entry points."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,12 +15,15 @@ from hydra import compose, initialize_config_dir
 
 import vitzoo
 from conftest import CIFAR_ROOT, CONFIGS, ROOT
+from vitzoo.layers.block import Block
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, fit, train
 
-# 30 steps of a one/two-block model on one fixed batch (Lightning's overfit_batches, no augmentation): the loss
-# must go down within them for any working backend. Digits tokens carry little content early in training,
-# so a fixed batch and a high learning rate are what make 30 steps enough. Each run takes a few seconds.
+# 30 steps of a one/two-block model on one fixed batch (Lightning's overfit_batches, no augmentation): the run,
+# checkpoint, export and eval plumbing for every backend. A falling loss alone would not prove the attention
+# works (the MLPs can memorise a batch), so the trained model is also checked to depend on its attention
+# (gradients reach it, removing it changes the logits; in ViT the class token only sees the image through it).
+# test_attention_is_what_learns_digits checks that global/window attention actually learn a held-out task.
 # (`+`: configs/model/ holds only name, img_size, num_classes, drop_path_rate; the rest comes from the registry)
 TINY_MODEL = {
     "vit_cifar": ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2"],
@@ -61,6 +65,7 @@ def digits_batch(n=16):
     return torch.stack([dm.val_set[i][0] for i in range(n)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,attention", CASES, ids=[f"{m}-{a}" for m, a in CASES])
 def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     if not (CONFIGS / "attention" / f"{attention}.yaml").is_file():
@@ -77,6 +82,7 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     log = pd.read_csv(tmp_path / "csv" / "metrics.csv")
     losses = log["train/loss_step"].dropna().to_numpy()
     assert len(losses) == 30 and losses[-5:].mean() < losses[:5].mean() - 0.02, f"loss did not go down: {losses}"
+    assert_attention_matters(module.net, digits_batch(32), model)
     lr = log.filter(like="lr-AdamW").iloc[:, 0].dropna().to_numpy()
     assert lr[0] < lr.max() and lr[-1] < lr.max()  # linear warm-up, then cosine decay
     assert log["train/images_per_s"].dropna().gt(0).all()
@@ -100,6 +106,90 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     assert report["params"] == on_disk["params"] and report["gmacs"] == pytest.approx(on_disk["gmacs"])
     written = json.loads((tmp_path / "checkpoints" / (os.path.basename(on_disk["best_ckpt"])[:-5] + ".eval.json")).read_text())
     assert written["val_acc5"] == report["val_acc5"] and written["infer_images_per_s"] > 0
+
+
+class zeroed_attention:
+    """Context: every block's token mixer outputs zeros (the block keeps its residual and MLP)."""
+
+    def __init__(self, net):
+        self.blocks = [m for m in net.modules() if isinstance(m, Block)]
+
+    def __enter__(self):
+        self.hooks = [b.attn.register_forward_hook(lambda mod, args, out: torch.zeros_like(out)) for b in self.blocks]
+
+    def __exit__(self, *exc):
+        for h in self.hooks:
+            h.remove()
+
+
+def assert_attention_matters(net, x, model):
+    """The trained net uses its token mixers: gradients reach every mixer that has parameters, and
+    removing the mixers changes the logits. In ViT (class-token pooling) only attention carries the image
+    into the class token: without it all images get the same logits, with it they differ."""
+    from vitzoo.attention import TokenMixer
+
+    net.eval()
+    net.zero_grad()
+    y = torch.arange(len(x)) % 10
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    mixers = [b.attn for b in net.modules() if isinstance(b, Block)]
+    assert mixers and all(isinstance(m, TokenMixer) for m in mixers)
+    for i, m in enumerate(mixers):
+        grads = [p.grad for p in m.parameters() if p.requires_grad]
+        assert not grads or any(g is not None and g.abs().sum() > 0 for g in grads), f"no gradient reaches mixer {i}"
+    with torch.no_grad():
+        logits = net(x)
+        with zeroed_attention(net):
+            without = net(x)
+    assert (logits - without).abs().max() > 1e-3, "the logits do not depend on the attention"
+    if model == "vit_cifar":
+        assert (without - without[:1]).abs().max() < 1e-5  # the control: no attention, no image in the class token
+        assert (logits - logits[:1]).abs().max() > 1e-3, "the class token does not see the image"
+
+
+def digits_tensors(img_size=16):
+    from vitzoo.training.data import DigitsDataModule
+
+    dm = DigitsDataModule(name="digits", img_size=img_size, num_classes=10, flip=False, augment=False)
+    dm.setup()
+    stack = lambda ds: (torch.stack([ds[i][0] for i in range(len(ds))]), torch.tensor([ds[i][1] for i in range(len(ds))]))  # noqa: E731
+    return stack(dm.train_set), stack(dm.val_set)
+
+
+def train_digits(attention, steps=300, zero_attention=False):
+    """A one-block ViT (16 px digits, 4×4 patches: 16 tokens + class token) trained ``steps`` AdamW steps of
+    32 images; returns held-out accuracy on the 180 validation digits."""
+    (xs, ys), (xv, yv) = digits_tensors()
+    torch.manual_seed(0)
+    net = vitzoo.create_model("vit_cifar", attention=attention, img_size=16, patch_size=4, depth=1, embed_dim=32,
+                              num_heads=2, window_size=2, drop_path_rate=0.0)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    ctx = zeroed_attention(net) if zero_attention else contextlib.nullcontext()
+    with ctx:
+        for _ in range(steps):
+            idx = torch.randint(len(xs), (32,), generator=g)
+            loss = torch.nn.functional.cross_entropy(net(xs[idx]), ys[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():
+            return (net(xv).argmax(-1) == yv).float().mean().item()
+
+
+@pytest.mark.parametrize("attention", ["global", "window"])
+def test_attention_is_what_learns_digits(attention):
+    """Held-out accuracy far above chance (10%) after 300 steps (a few seconds)."""
+    acc = train_digits(attention)
+    assert acc > 0.5, f"{attention}: validation accuracy {acc:.2f} after 300 steps"
+
+
+def test_without_attention_the_same_run_stays_at_chance():
+    """The control for the test above: same model and budget, attention output replaced by zeros: the
+    class token never sees the image, so the threshold above is out of reach without working attention."""
+    control = train_digits("global", zero_attention=True)
+    assert control < 0.2, f"without attention the model still reaches {control:.2f}"
 
 
 BAD = {
@@ -141,6 +231,7 @@ def test_eval_rejects_bad_checkpoints(tmp_path):
         evaluate(compose_cfg([f"ckpt_path={other}"], tmp_path, config="eval"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (CIFAR_ROOT / "train").is_dir(), reason=f"CIFAR-10 JPEGs not found at {CIFAR_ROOT} (env VITZOO_CIFAR10)")
 def test_imagefolder_training_on_shared_cifar10(tmp_path):
     results = train(compose_cfg(tiny(extra=["data=imagefolder", f"data.root={CIFAR_ROOT}", "data.num_workers=0",
@@ -154,6 +245,7 @@ def run(script, *args, cwd=ROOT):
     return subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_entry_points_multirun_and_eval(tmp_path):
     """`train.py -m` with one good and one bad job: the sweep finishes both, records the failure, exits 1;
     then `eval.py` on the good job's checkpoint."""
@@ -176,6 +268,7 @@ def test_entry_points_multirun_and_eval(tmp_path):
     assert report["model"] == "vit_cifar" and 0 <= report["val_acc"] <= 1 and report["num_val_images"] == 180
 
 
+@pytest.mark.slow
 def test_entry_point_single_run_error_is_one_line(tmp_path):
     proc = run("train.py", "model.img_size=30", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import (HeadGroup, SparsePattern, SparsePatternAttention, block_count, check_odd_kernel,
-                                      neighbourhood_index, neighbourhood_mask)
+from vitzoo.attention._neighbourhood import check_odd_kernel, neighbourhood_index, neighbourhood_mask
+from vitzoo.attention._sparse import HeadGroup, SparsePattern, SparsePatternAttention, block_count
 from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import (GlobalNeighbourhoodAttention, Neighbourhood, check_num_global_option,
-                                      check_odd_kernel)
+from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
+from vitzoo.attention._sparse import GlobalNeighbourhoodAttention, check_num_global_option
 from vitzoo.attention.base import Grid, MixerContext, check
 
 

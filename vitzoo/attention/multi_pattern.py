@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._sparse import Neighbourhood, NeighbourhoodAttention, check_odd_kernel
+from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
+from vitzoo.attention._sparse import NeighbourhoodAttention
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 
 PATTERNS = ("local", "dilated", "global")
