@@ -10,6 +10,7 @@ import yaml
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vitzoo.configs import attention_options
 from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 def attention_yaml(name: str) -> dict:
     """The options of ``configs/attention/<name>.yaml`` (what ``attention=<name>`` composes)."""
-    return yaml.safe_load((CONFIGS / "attention" / f"{name}.yaml").read_text())
+    return attention_options(name)
 
 
 class Host(nn.Module):

@@ -285,7 +285,7 @@ def test_sweep_covers_every_backend():
     """Both zoo experiments sweep ``attention: glob(*)``: every registered backend has a YAML there."""
     from hydra import compose, initialize_config_dir
 
-    import vitzoo.training  # noqa: F401  registers the optim/benchmark structured configs train.yaml composes
+    import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs train.yaml composes)
     yamls = {p.stem for p in (ROOT / "configs" / "attention").glob("*.yaml")}
     assert set(list_attention()) <= yamls
     if not (ROOT / "configs" / "train.yaml").exists():

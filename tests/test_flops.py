@@ -17,7 +17,7 @@ from vitzoo.flops import (
     MixerHost, UnsupportedOpError, children_of, count_flops, einsum_macs, evaluate_formula, flop_analysis, leaf_cost,
     mixer_flops, torch_flops,
 )
-from vitzoo.flops.specs import PUBLISHED, default_attention
+from vitzoo.flops.specs import PUBLISHED
 from vitzoo.layers.block import Block
 from vitzoo.registry import ConfigError
 

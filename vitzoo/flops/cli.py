@@ -16,7 +16,7 @@ import yaml
 import vitzoo
 from vitzoo.flops.handles import UnsupportedOpError
 from vitzoo.flops.report import FlopReport, count_flops
-from vitzoo.flops.specs import attention_spec, build, default_attention
+from vitzoo.flops.specs import spec_from_overrides, build, default_attention
 from vitzoo.flops.sweeps import all_pairs, formulas, published, scaling
 from vitzoo.flops.tables import gmacs, human, print_table, signed
 from vitzoo.registry import ConfigError
@@ -86,7 +86,7 @@ def single(values: dict[str, Any]) -> int:
     name = values["model"]
     if name not in vitzoo.list_models():
         raise ConfigError(f"unknown model '{name}'; choose model= one of: {', '.join(vitzoo.list_models())}")
-    spec = attention_spec(values, default_attention(name))
+    spec = spec_from_overrides(values, default_attention(name))
     overrides = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("model.")}
     if values.get("img_size") is not None:
         overrides["img_size"] = values["img_size"]

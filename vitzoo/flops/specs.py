@@ -33,7 +33,7 @@ def names(value: Any) -> Optional[list[str]]:
     return [str(v).strip() for v in (value if isinstance(value, list) else str(value).split(",")) if str(v).strip()]
 
 
-def attention_spec(values: dict[str, Any], default: str) -> dict[str, Any]:
+def spec_from_overrides(values: dict[str, Any], default: str) -> dict[str, Any]:
     """The attention spec from ``attention=`` (its YAML options) and ``attention.<option>=`` overrides.
 
     Args:

@@ -18,7 +18,7 @@ from vitzoo.attention import ATTENTION, MixerContext, build_attention
 from vitzoo.configs import attention_options
 from vitzoo.flops.formula import evaluate_formula
 from vitzoo.flops.handles import UnsupportedOpError, flop_analysis
-from vitzoo.flops.report import FlopReport, count_flops, mixer_flops
+from vitzoo.flops.report import count_flops, mixer_flops
 from vitzoo.flops.specs import PUBLISHED, build, default_attention, names
 from vitzoo.flops.tables import gmacs, human, markdown, print_table, signed, write_csv
 from vitzoo.flops.torch_counter import torch_flops
