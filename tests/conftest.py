@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 

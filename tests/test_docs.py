@@ -13,15 +13,21 @@ import pytest
 from conftest import ATTENTION_NAMES, CONFIGS, attention_classes
 
 README = CONFIGS.parent / "README.md"
-ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \|")
+ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \| ([^|]*) \| ([^|]*) \|")
+FLAGS = ("fixed_length", "takes_bias")  # capability flags the table's "notes" column lists
 
 
-def readme_formulas() -> dict[str, str]:
-    """``{backend: formula}`` from the rows of README.md's "Attention backends" table."""
+def readme_rows() -> dict[str, tuple[str, str, str]]:
+    """``{backend: (formula, growth, notes)}`` from the rows of README.md's "Attention backends" table."""
     text = README.read_text(encoding="utf-8")
     section = text.split("## Attention backends", 1)[1].split("\n## ", 1)[0]
     rows = [ROW.match(line) for line in section.splitlines()]
-    return {m.group(1): m.group(2) for m in rows if m}
+    return {m.group(1): (m.group(2), m.group(3).strip(), m.group(4).strip()) for m in rows if m}
+
+
+def readme_formulas() -> dict[str, str]:
+    """``{backend: formula}`` from README.md's table."""
+    return {name: row[0] for name, row in readme_rows().items()}
 
 
 def test_readme_table_lists_exactly_the_registered_backends():
@@ -38,3 +44,12 @@ def test_yaml_first_line_contains_the_class_formula(name):
     first = (CONFIGS / "attention" / f"{name}.yaml").read_text(encoding="utf-8").splitlines()[0]
     assert first.startswith("# "), f"{name}.yaml must start with a one-line description comment"
     assert attention_classes()[name].formula in first, f"{name}.yaml: {first!r}"
+
+
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_readme_row_shows_the_class_flags(name):
+    """The "cost grows" and "notes" columns follow the class's ``linear_cost`` and capability flags."""
+    cls = attention_classes()[name]
+    _, growth, notes = readme_rows()[name]
+    assert growth == ("linear in N" if cls.linear_cost else "super-linear")
+    assert notes == ", ".join(f for f in FLAGS if getattr(cls, f))
