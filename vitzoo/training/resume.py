@@ -18,6 +18,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -88,6 +89,57 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = f"{path}.tmp"
         super().save_checkpoint(checkpoint, tmp, storage_options)
         os.replace(tmp, path)
+
+
+class Checkpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (best by a metric) that rewrites ``last.ckpt`` after every epoch (Lightning
+    2.6 does only when the epoch is a new best) and every ``every_n_train_steps`` optimizer steps, so a crash
+    loses at most that many steps.
+
+    Args:
+        dirpath: folder of the ``.ckpt`` files.
+        filename: name pattern of the best checkpoint, e.g. ``best-epoch{epoch:03d}``.
+        monitor: metric that picks the best checkpoint (e.g. ``val/acc``).
+        mode: ``max`` or ``min`` for ``monitor``.
+        save_top_k: how many best checkpoints to keep.
+        save_last: also keep ``last.ckpt`` (needed for ``ckpt_path=auto``).
+        auto_insert_metric_name: let Lightning add ``monitor=value`` to the file name.
+        every_n_epochs: save after every N epochs' validation.
+        every_n_train_steps: also rewrite ``last.ckpt`` every N steps (None: epochs only).
+    """
+
+    def __init__(self, dirpath: str, filename: str, monitor: str, mode: str = "max", save_top_k: int = 1,
+                 save_last: bool = True, auto_insert_metric_name: bool = False, every_n_epochs: int = 1,
+                 every_n_train_steps: Optional[int] = None):
+        super().__init__(dirpath=dirpath, filename=filename, monitor=monitor, mode=mode, save_top_k=save_top_k,
+                         save_last=save_last, auto_insert_metric_name=auto_insert_metric_name, every_n_epochs=every_n_epochs)
+        if every_n_train_steps is not None and int(every_n_train_steps) <= 0:
+            raise ConfigError(f"callbacks.model_checkpoint.every_n_train_steps must be a positive integer or null "
+                              f"(got {every_n_train_steps})")
+        self.every_steps = int(every_n_train_steps) if every_n_train_steps else 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # the epoch-end save follows
+        if (self.every_steps and self.save_last and trainer.global_step % self.every_steps == 0 and not last_of_epoch
+                and not self._should_skip_saving_checkpoint(trainer)):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last(trainer)
+
+    def _save_last(self, trainer: pl.Trainer) -> None:
+        """``last.ckpt`` after every epoch (Lightning writes it only when the epoch also saved a new best)."""
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 class _AppendingWriter(ExperimentWriter):

@@ -27,7 +27,7 @@ ALLOWED_TARGETS: dict[str, set[str]] = {
              "vitzoo.training.data.ImageFolderDataModule"},
     "logger": {"pytorch_lightning.loggers.CSVLogger", "vitzoo.training.resume.ResumableCSVLogger",
                "pytorch_lightning.loggers.TensorBoardLogger", "pytorch_lightning.loggers.WandbLogger"},
-    "callbacks": {"pytorch_lightning.callbacks.ModelCheckpoint", "pytorch_lightning.callbacks.LearningRateMonitor",
+    "callbacks": {"pytorch_lightning.callbacks.ModelCheckpoint", "vitzoo.training.resume.Checkpoint", "pytorch_lightning.callbacks.LearningRateMonitor",
                   "pytorch_lightning.callbacks.RichProgressBar", "pytorch_lightning.callbacks.TQDMProgressBar",
                   "pytorch_lightning.callbacks.EarlyStopping"},
     "trainer": {"pytorch_lightning.Trainer"},
