@@ -34,7 +34,8 @@ def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
     base = {} if "_target_" in chosen else saved
     # `${model.img_size}` in the data group resolves against the checkpoint's model
     scope = OmegaConf.create({"model": checkpoint_hparams(ckpt, source)["model"], "data": base})
-    return OmegaConf.merge(scope, {"data": chosen}).data
+    merged = OmegaConf.to_container(OmegaConf.merge(scope, {"data": chosen}), resolve=True)  # resolved here, in scope
+    return OmegaConf.create(merged["data"])
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:

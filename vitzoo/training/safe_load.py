@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -72,7 +73,12 @@ def safe_instantiate(node: Any, kind: str, where: str, **extra: Any) -> Any:
         extra: objects passed to the constructor (callbacks, logger, plugins), not read from the config.
     """
     check_targets(node, kind, where)
-    return instantiate(node, **extra)
+    try:
+        return instantiate(node, **extra)
+    except InstantiationException as e:  # Hydra wraps a constructor's one-line ConfigError in a multi-line message
+        if isinstance(e.__cause__, ConfigError):
+            raise e.__cause__ from None
+        raise
 
 
 def instantiate_group(group: Any, kind: str) -> list[Any]:
