@@ -242,7 +242,7 @@ def other_project_ckpt(tmp_path):
 def eval_other_classes(tmp_path):
     path = checkpoint(tmp_path)
     evaluate(compose_cfg([f"ckpt_path={path}", "data=imagefolder", f"data.root={image_tree(tmp_path / 'imgs')}",
-                          "data.num_workers=0"], tmp_path / "eval", config="eval"))
+                          "data.num_workers=0", "data.val_fraction=0.5"], tmp_path / "eval", config="eval"))
 
 
 def cli(*args):

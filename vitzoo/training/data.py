@@ -134,7 +134,11 @@ def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> 
     if not 0 < val_fraction < 1:
         raise ConfigError(f"data.val_fraction must be in (0, 1) (got {val_fraction})")
     idx = list(range(len(targets)))
-    train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
+    try:
+        train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
+    except ValueError as e:  # too few images for a class-balanced split
+        raise ConfigError(f"cannot hold out data.val_fraction={val_fraction} of {len(idx)} images class-balanced "
+                          f"({str(e).splitlines()[0]}); raise data.val_fraction or add a val/ folder") from None
     return sorted(train_idx), sorted(val_idx)
 
 
