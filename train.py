@@ -3,6 +3,7 @@ import hydra
 from omegaconf import DictConfig
 
 from vitzoo.training import run_entry, train
+from vitzoo.training.cli import check_command_line
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -11,4 +12,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    check_command_line()  # attention=bogus: one line naming the choices
     main()

@@ -19,6 +19,7 @@ from torch import nn
 
 from vitzoo.models import attention_spec, create_model, model_kwargs
 from vitzoo.registry import ConfigError
+from vitzoo.untrusted import export_options, load_weights, read_json
 
 WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
 
@@ -64,11 +65,11 @@ def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
     The returned module has ``export_config`` (the parsed ``config.json``: preprocessing under ``data``).
     """
     weights, config_file = _paths(path)
-    config = json.loads(config_file.read_text())
+    config = read_json(config_file, "export config")  # plain data only
     if config.get("format") != FORMAT:
         raise ConfigError(f"{config_file} is not a vitzoo export (format {config.get('format')!r}, expected {FORMAT!r})")
-    model = create_model(config["model"], attention=config["attention"], **config["model_options"])
-    _load_safetensors(model, str(weights), strict=True, device=str(map_location))
+    model = create_model(str(config.get("model")), attention=config.get("attention"), **export_options(config, config_file))
+    load_weights(lambda: _load_safetensors(model, str(weights), strict=True, device=str(map_location)), weights)
     model.to(map_location).eval()
     model.export_config = config
     return model

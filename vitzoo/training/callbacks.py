@@ -56,7 +56,7 @@ class ImagesPerSecond(pl.Callback):
         self.images += self._epoch_images
         self.seconds += self._epoch_seconds
         if self._epoch_seconds > 0:
-            pl_module.log("train/images_per_s", self._epoch_images / self._epoch_seconds, on_epoch=True)
+            pl_module.log("train/images_per_s", self._epoch_images / self._epoch_seconds, on_epoch=True, sync_dist=True)
 
 
 class SweepSummary(HydraCallback):

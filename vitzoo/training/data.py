@@ -11,6 +11,7 @@ Every problem a user can fix (missing folder, offline download) is a one-line
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -18,7 +19,7 @@ import pytorch_lightning as pl
 import torch
 from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 from torchvision.transforms import v2
 
 from vitzoo.registry import ConfigError
@@ -86,12 +87,58 @@ class TensorImages(Dataset):
         return self.images[i], int(self.labels[i])
 
 
+class EpochShuffle(RandomSampler):
+    """A random order that depends only on ``(seed, epoch)`` (Lightning calls :meth:`set_epoch`): a run resumed
+    from a checkpoint sees the same order in every later epoch as an uninterrupted run.
+
+    Args:
+        data: the dataset to sample.
+        seed: base seed (the run's ``seed``).
+    """
+
+    def __init__(self, data: Dataset, seed: int):
+        super().__init__(data, generator=torch.Generator().manual_seed(seed))
+        self.seed = seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+
+
+def read_rgb(path: str) -> Any:
+    """Open an image file as RGB (greyscale, palette and CMYK are converted); an unreadable file is one line."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read image {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          f"remove or replace it under data.root") from None
+
+
+def image_folder(folder: Path) -> Any:
+    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb`); one-line errors naming data.root."""
+    from torchvision.datasets import ImageFolder
+
+    try:
+        return ImageFolder(str(folder), loader=read_rgb)
+    except FileNotFoundError as e:  # no class folders, or class folders without images
+        raise ConfigError(f"data.root: {folder} holds no images in <class>/ folders ({str(e).split('.')[0]}); "
+                          f"point data.root at a folder with train/<class>/*.jpg") from None
+    except OSError as e:
+        raise ConfigError(f"data.root: cannot read {folder} ({e.strerror or type(e).__name__}); check its permissions") from None
+
+
 def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Indices of a fixed, class-balanced train/val split (same seed -> same split)."""
     if not 0 < val_fraction < 1:
         raise ConfigError(f"data.val_fraction must be in (0, 1) (got {val_fraction})")
     idx = list(range(len(targets)))
-    train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
+    try:
+        train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
+    except ValueError as e:  # too few images for a class-balanced split
+        raise ConfigError(f"cannot hold out data.val_fraction={val_fraction} of {len(idx)} images class-balanced "
+                          f"({str(e).splitlines()[0]}); raise data.val_fraction or add a val/ folder") from None
     return sorted(train_idx), sorted(val_idx)
 
 
@@ -166,7 +213,9 @@ class ImageDataModule(pl.LightningDataModule):
 
     def loader(self, dataset: Optional[Dataset], train: bool) -> DataLoader:
         assert dataset is not None, "call setup() first"
-        return DataLoader(dataset, batch_size=self.batch_size, shuffle=train, drop_last=train and len(dataset) > self.batch_size,
+        seed = int(os.environ.get("PL_GLOBAL_SEED", self.seed))  # the run's seed (pl.seed_everything sets it)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=EpochShuffle(dataset, seed) if train else None,
+                          drop_last=train and len(dataset) > self.batch_size,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
                           pin_memory=self.pin_memory)
 
@@ -261,19 +310,19 @@ class ImageFolderDataModule(ImageDataModule):
     """
 
     def load(self) -> tuple[Dataset, Dataset, list[str]]:
-        from torchvision.datasets import ImageFolder
-
         root = self.require_root()
         train_dir, val_dir = root / "train", root / "val"
         if not train_dir.is_dir():
             hint = "" if root.is_dir() else " (the folder does not exist)"
             raise ConfigError(f"data.root={root} has no train/ folder{hint}; point data.root at a folder with "
                               f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)")
-        train = ImageFolder(str(train_dir))
+        train = image_folder(train_dir)
         if val_dir.is_dir():
-            val = ImageFolder(str(val_dir))
+            val = image_folder(val_dir)
             if val.classes != train.classes:
-                raise ConfigError(f"data.root={root}: val/ classes differ from train/ classes")
+                only = sorted(set(train.classes) ^ set(val.classes)) or ["(same names, other order)"]
+                raise ConfigError(f"data.root={root}: val/ classes differ from train/ classes (in one only: "
+                                  f"{', '.join(only[:5])}); give val/ the same class folders")
             return train, val, list(train.classes)
         train_idx, val_idx = stratified_split(train.targets, self.val_fraction, self.seed)
         return Subset(train, train_idx), Subset(train, val_idx), list(train.classes)

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
 from vitzoo.flops import count_flops
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
-from vitzoo.training.module import VitModule
+from vitzoo.training.safe_load import checkpoint_hparams, module_from_checkpoint, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
 from vitzoo.training.utils import (benchmark_config, console, flops_table, peak_memory_mb, read_checkpoint,
                                    trainer_throughput, write_traceback)
@@ -28,13 +27,15 @@ from vitzoo.training.utils import (benchmark_config, console, flops_table, peak_
 def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
     """The data config to evaluate on: ``data=<group>`` if given, else the checkpoint's, with ``+data.*`` on top."""
     chosen = OmegaConf.to_container(cfg.data, resolve=False) if cfg.get("data") is not None else {}
-    saved = (ckpt.get("config") or {}).get("data")
+    source = f"ckpt_path={cfg.ckpt_path}"
+    saved = saved_data_config(ckpt.get("config"), source)  # plain data naming a vitzoo data module (or None)
     if "_target_" not in chosen and saved is None:
         raise ConfigError("the checkpoint has no saved data config; choose one with data=<digits|cifar10|...>")
     base = {} if "_target_" in chosen else saved
     # `${model.img_size}` in the data group resolves against the checkpoint's model
-    scope = OmegaConf.create({"model": ckpt["hyper_parameters"]["model"], "data": base})
-    return OmegaConf.merge(scope, {"data": chosen}).data
+    scope = OmegaConf.create({"model": checkpoint_hparams(ckpt, source)["model"], "data": base})
+    merged = OmegaConf.to_container(OmegaConf.merge(scope, {"data": chosen}), resolve=True)  # resolved here, in scope
+    return OmegaConf.create(merged["data"])
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -53,8 +54,7 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     ckpt = read_checkpoint(cfg.get("ckpt_path"))
     path = Path(str(cfg.ckpt_path)).expanduser().resolve()
     dm = build_datamodule(data_config(cfg, ckpt))
-    module = VitModule(**ckpt["hyper_parameters"])  # what load_from_checkpoint does, without reading the file again
-    module.load_state_dict(ckpt["state_dict"])
+    module = module_from_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}")  # plain data -> registries, then the weights
     if dm.num_classes != module.net.cfg.num_classes:
         raise ConfigError(f"data={dm.name} has {dm.num_classes} classes but the checkpoint's model has "
                           f"{module.net.cfg.num_classes}; choose matching data")
@@ -62,7 +62,8 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     report = count_flops(module.net)
     console.print(flops_table(report, f"{model_name} + attention={attention_name}"))
 
-    trainer = instantiate(cfg.trainer, logger=False, callbacks=[], enable_checkpointing=False, enable_model_summary=False)
+    trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", logger=False, callbacks=[], enable_checkpointing=False,
+                               enable_model_summary=False)
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     infer = trainer_throughput(trainer, module.net, bench)
     out = {"ckpt_path": str(path), "model": model_name, "attention": attention_name, "data": dm.name,

@@ -64,6 +64,18 @@ class VitModule(pl.LightningModule):
         self.val_acc5 = MulticlassAccuracy(n, top_k=min(5, n), average="micro")
         self.run_config: Optional[dict[str, Any]] = None  # the resolved run config, saved in checkpoints
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None) -> "VitModule":  # type: ignore[override]
+        """Rebuild from a vitzoo ``.ckpt``: read ``weights_only``, hyper-parameters checked as plain data.
+
+        Args:
+            checkpoint_path: the ``.ckpt`` file.
+            map_location: device for the module (default CPU).
+        """
+        from vitzoo.training.safe_load import load_module
+
+        return load_module(checkpoint_path, map_location)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
             checkpoint["config"] = self.run_config
@@ -76,7 +88,7 @@ class VitModule(pl.LightningModule):
         logits = self.net(x)
         loss = self.criterion(logits, y)
         self.train_acc(logits, y)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
@@ -85,7 +97,7 @@ class VitModule(pl.LightningModule):
         logits = self.net(x)
         self.val_acc(logits, y)
         self.val_acc5(logits, y)
-        self.log("val/loss", self.criterion(logits, y), on_epoch=True, prog_bar=True)
+        self.log("val/loss", self.criterion(logits, y), on_epoch=True, prog_bar=True, sync_dist=True)
         self.log("val/acc", self.val_acc, on_epoch=True, prog_bar=True)
         self.log("val/acc5", self.val_acc5, on_epoch=True)
 

@@ -7,12 +7,12 @@ error before fit is a one-line ConfigError, so nothing trains on a bad config.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
@@ -22,13 +22,16 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
+from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, resolve_ckpt_path,
+                                    write_export)
+from vitzoo.training.safe_load import instantiate_group, safe_instantiate
 from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line, peak_memory_mb,
                                    read_checkpoint, trainer_throughput, write_traceback)
 
 
 def build_datamodule(data_cfg: Any) -> ImageDataModule:
     """Instantiate the ``data`` config and load it (errors are one-line ConfigErrors naming ``data.*``)."""
-    dm = instantiate(data_cfg)
+    dm = safe_instantiate(data_cfg, "data", "data")
     dm.prepare_data()
     dm.setup("fit")
     return dm
@@ -53,9 +56,9 @@ def build_module(container: dict[str, Any], dm: ImageDataModule) -> VitModule:
     return module
 
 
-def instantiate_all(group: Optional[DictConfig]) -> list[Any]:
-    """Instantiate every ``_target_`` entry of a ``callbacks``/``logger`` group (null entries skipped)."""
-    return [instantiate(c) for c in (group or {}).values() if c is not None and "_target_" in c]
+def instantiate_all(group: Optional[DictConfig], kind: str) -> list[Any]:
+    """Instantiate every ``_target_`` entry of a ``callbacks``/``logger`` group (null entries skipped; allow-listed)."""
+    return instantiate_group(group, kind)
 
 
 def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
@@ -64,11 +67,16 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
     Raises the error after recording ``status: failed`` and a one-line ``error`` in results.json.
     """
     out_dir = Path(cfg.paths.output_dir)
+    ckpt_path, previous = resolve_ckpt_path(cfg.get("ckpt_path"), out_dir)
     results = ResultsFile(out_dir / "results.json", status="running", model=cfg.model.name, attention=cfg.attention.name,
-                          data=cfg.data.name)
+                          data=cfg.data.name, resumed_from=ckpt_path, previous_status=previous)
     try:
-        return _fit(cfg, out_dir, results)
+        return _fit(cfg, out_dir, results, ckpt_path)
     except BaseException as e:
+        if interrupted(e):
+            message = f"interrupted; resume with ckpt_path=auto hydra.run.dir={out_dir}"
+            results.update(status="interrupted", error=message)
+            raise SystemExit(message) from None
         results.update(status="failed", error=one_line(e))
         if not isinstance(e, ConfigError):
             write_traceback(e, out_dir)
@@ -80,14 +88,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return fit(cfg)[0]
 
 
-def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile) -> tuple[dict[str, Any], VitModule]:
+def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Optional[str]) -> tuple[dict[str, Any], VitModule]:
     start = time.perf_counter()
     container = OmegaConf.to_container(cfg, resolve=True)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per run, also within a multirun
-    if cfg.get("ckpt_path"):
-        read_checkpoint(cfg.ckpt_path)  # resume: fail now, in one line, if it is missing or not a checkpoint
+    if ckpt_path:
+        read_checkpoint(ckpt_path)  # resume: fail now, in one line, if it is missing or not a checkpoint
     bench = benchmark_config(container.get("benchmark"))
     dm = build_datamodule(cfg.data)
     module = build_module(container, dm)
@@ -98,17 +106,20 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile) -> tuple[dict[str
     results.update(params=report.params, gmacs=report.measured / 1e9, gmacs_analytic=report.analytic / 1e9)
 
     speed = ImagesPerSecond()
-    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=instantiate_all(cfg.get("callbacks")) + [speed],
-                                      logger=instantiate_all(cfg.get("logger")) or False)
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.get("ckpt_path"))
+    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, StopOnNonFinite(), RngState()]
+    trainer: pl.Trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", callbacks=callbacks,
+                                           logger=instantiate_all(cfg.get("logger"), "logger") or False,
+                                           plugins=[AtomicCheckpointIO()])
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
-    metrics = trainer.validate(module, datamodule=dm, ckpt_path=best, verbose=False)[0]  # loads the best weights
+    metrics = trainer.validate(module, datamodule=dm, ckpt_path=best, verbose=False,
+                               weights_only=True)[0]  # loads the best weights
 
     export_dir = out_dir / "export" if cfg.get("export", True) else None
     if export_dir is not None and rank_zero_only.rank == 0:
-        export_model(module.net, export_dir, data=dm.describe())
+        write_export(partial(export_model, module.net, data=dm.describe()), export_dir)
     infer = trainer_throughput(trainer, module.net, bench)
     final = results.update(
         status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),

@@ -106,7 +106,7 @@ def read_checkpoint(path: Any) -> dict[str, Any]:
         raise ConfigError(f"ckpt_path={p} does not exist" + (" (it is a folder; give a .ckpt file)" if p.is_dir() else ""))
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as e:
+    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
         raise ConfigError(f"ckpt_path={p} is not a checkpoint ({type(e).__name__})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "model" not in ckpt.get("hyper_parameters", {}):
         raise ConfigError(f"ckpt_path={p} is not a vitzoo training checkpoint (no state_dict/hyper_parameters.model)")

@@ -1,0 +1,243 @@
+"""Crash-safe training: ``ckpt_path=auto`` resume, atomic checkpoints, a CSV log that survives a resume,
+RNG state in checkpoints, a stop on non-finite loss, interrupt status and an all-or-nothing export.
+
+Each piece plugs into what Lightning already does (a ``CheckpointIO`` plugin, ``Callback`` state,
+a ``CSVLogger`` subclass) instead of replacing it.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from vitzoo.registry import ConfigError
+
+AUTO = "auto"  # ckpt_path=auto: the run folder's latest checkpoint, or a fresh start
+
+
+def say(message: str) -> None:
+    """Print one line on rank 0."""
+    if rank_zero_only.rank == 0:
+        print(message, flush=True)
+
+
+def latest_checkpoint(out_dir: Path) -> Optional[Path]:
+    """``<run>/checkpoints/last.ckpt`` if it exists (Lightning rewrites it at every save), else the newest ``.ckpt``."""
+    folder = Path(out_dir) / "checkpoints"
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt"
+    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    return found[-1] if found else None
+
+
+def previous_status(out_dir: Path) -> Optional[str]:
+    """The ``status`` in an existing ``results.json`` of the run folder (None if there is none)."""
+    try:
+        return json.loads((Path(out_dir) / "results.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def resolve_ckpt_path(ckpt_path: Any, out_dir: Path) -> tuple[Optional[str], Optional[str]]:
+    """``(checkpoint to resume from or None, status of the previous run)``; ``auto`` picks the run's latest.
+
+    A previous ``results.json`` that still says ``running`` belongs to a killed run (SIGKILL, power
+    loss): it is reported, and treated, as ``interrupted``.
+
+    Args:
+        ckpt_path: the ``ckpt_path`` option: null, ``auto`` or a file.
+        out_dir: the run folder (``hydra.run.dir``).
+    """
+    status = previous_status(out_dir)
+    if status == "running":
+        status = "interrupted"
+        say(f"{out_dir}/results.json said 'running': the previous run was killed; treating it as interrupted")
+    if ckpt_path is None or str(ckpt_path) != AUTO:
+        return (str(ckpt_path) if ckpt_path else None), status
+    found = latest_checkpoint(out_dir)
+    if found is None:
+        say(f"ckpt_path=auto: no checkpoint in {Path(out_dir) / 'checkpoints'}; starting fresh")
+        return None, status
+    say(f"ckpt_path=auto: resuming from {found}")
+    return str(found), status
+
+
+def interrupted(exc: BaseException) -> bool:
+    """True for SIGTERM (Lightning's SIGTERMException) and SIGINT (KeyboardInterrupt, or Lightning's exit after it)."""
+    return isinstance(exc, (KeyboardInterrupt, SIGTERMException)) or isinstance(exc.__context__, KeyboardInterrupt)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, but a crash mid-write never leaves a truncated ``.ckpt``: the file is
+    written beside the target as ``<name>.tmp`` and renamed over it (``os.replace`` is atomic)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        tmp = f"{path}.tmp"
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        os.replace(tmp, path)
+
+
+class Checkpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (best by a metric) that rewrites ``last.ckpt`` after every epoch (Lightning
+    2.6 does only when the epoch is a new best) and every ``every_n_train_steps`` optimizer steps, so a crash
+    loses at most that many steps.
+
+    Args:
+        dirpath: folder of the ``.ckpt`` files.
+        filename: name pattern of the best checkpoint, e.g. ``best-epoch{epoch:03d}``.
+        monitor: metric that picks the best checkpoint (e.g. ``val/acc``).
+        mode: ``max`` or ``min`` for ``monitor``.
+        save_top_k: how many best checkpoints to keep.
+        save_last: also keep ``last.ckpt`` (needed for ``ckpt_path=auto``).
+        auto_insert_metric_name: let Lightning add ``monitor=value`` to the file name.
+        every_n_epochs: save after every N epochs' validation.
+        every_n_train_steps: also rewrite ``last.ckpt`` every N steps (None: epochs only).
+    """
+
+    def __init__(self, dirpath: str, filename: str, monitor: str, mode: str = "max", save_top_k: int = 1,
+                 save_last: bool = True, auto_insert_metric_name: bool = False, every_n_epochs: int = 1,
+                 every_n_train_steps: Optional[int] = None):
+        super().__init__(dirpath=dirpath, filename=filename, monitor=monitor, mode=mode, save_top_k=save_top_k,
+                         save_last=save_last, auto_insert_metric_name=auto_insert_metric_name, every_n_epochs=every_n_epochs)
+        if every_n_train_steps is not None and int(every_n_train_steps) <= 0:
+            raise ConfigError(f"callbacks.model_checkpoint.every_n_train_steps must be a positive integer or null "
+                              f"(got {every_n_train_steps})")
+        self.every_steps = int(every_n_train_steps) if every_n_train_steps else 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # the epoch-end save follows
+        if (self.every_steps and self.save_last and trainer.global_step % self.every_steps == 0 and not last_of_epoch
+                and not self._should_skip_saving_checkpoint(trainer)):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last(trainer)
+
+    def _save_last(self, trainer: pl.Trainer) -> None:
+        """``last.ckpt`` after every epoch (Lightning writes it only when the epoch also saved a new best)."""
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer that keeps an existing ``metrics.csv`` and its columns (a resumed run appends)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                header = f.readline().strip()
+            self.metrics_keys = sorted(k for k in header.split(",") if k)
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger``; a resumed run appends to ``metrics.csv`` (new columns are merged into the
+    header) instead of crashing with "dict contains fields not in fieldnames"."""
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None and rank_zero_only.rank == 0:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment if self._experiment is not None else super().experiment
+
+
+class TrainingDiverged(ConfigError):
+    """The loss became NaN or infinite (one line, naming the step and the options to change)."""
+
+
+class StopOnNonFinite(pl.Callback):
+    """Stop before the update when the loss is NaN/inf on any rank: the weights and the checkpoints on disk stay
+    those of the last good step. Raises :class:`TrainingDiverged` naming the step and the last checkpoint."""
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        bad = trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss.detach()).all()), all=False)
+        if bad:
+            ckpt = trainer.checkpoint_callback
+            last = (ckpt.last_model_path or ckpt.best_model_path) if ckpt is not None else ""
+            raise TrainingDiverged(f"train/loss is {loss.item()} at step {trainer.global_step} (epoch "
+                                   f"{trainer.current_epoch}); stopped before the update, last good checkpoint: "
+                                   f"{last or 'none'}; lower optim.lr or raise optim.warmup_epochs")
+
+
+class RngState(pl.Callback):
+    """Saves the torch, numpy and Python RNG states in every checkpoint and restores them on resume, so a run
+    resumed at an epoch boundary draws the same dropout/augmentation numbers as an uninterrupted one."""
+
+    def state_dict(self) -> dict[str, Any]:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        version, state, gauss = random.getstate()
+        return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+                "numpy": [str(kind), int(pos), int(has_gauss), float(cached)], "python": [version, list(state), gauss]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["torch"])
+        kind, pos, has_gauss, cached = state_dict["numpy"]
+        np.random.set_state((kind, state_dict["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
+        version, state, gauss = state_dict["python"]
+        random.setstate((version, tuple(state), gauss))
+
+
+def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", state_dict_type: str = "full",
+                  activation_checkpointing: bool = False, cpu_offload: bool = False) -> Any:
+    """Lightning's ``FSDPStrategy`` wrapping every transformer block (ViT and Swin) in its own FSDP unit.
+
+    Args:
+        sharding_strategy: ``FULL_SHARD`` (parameters, gradients, optimizer state), ``SHARD_GRAD_OP`` or ``NO_SHARD``.
+        state_dict_type: ``full`` (one ordinary ``.ckpt`` that eval.py and resume read) or ``sharded``.
+        activation_checkpointing: recompute block activations in backward (less memory, ~30% slower).
+        cpu_offload: keep sharded parameters on the CPU between uses.
+    """
+    from pytorch_lightning.strategies import FSDPStrategy
+
+    from vitzoo.layers.block import Block
+
+    return FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding_strategy, state_dict_type=state_dict_type,
+                        activation_checkpointing_policy={Block} if activation_checkpointing else None,
+                        cpu_offload=cpu_offload)
+
+
+def write_export(write: Any, out_dir: Path) -> None:
+    """Run ``write(folder)`` into ``<out_dir>.tmp`` and rename it to ``out_dir``: all files or none.
+
+    A full disk (or any OSError) removes the partial folder and is a one-line ConfigError naming ``export``.
+
+    Args:
+        write: writes the export into the folder it is given (e.g. ``partial(export_model, net, data=...)``).
+        out_dir: the export folder.
+    """
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
+        raise ConfigError(f"could not write the export to {out_dir} ({reason}); free space there or set export=false "
+                          f"(the checkpoints are kept)") from None
