@@ -78,6 +78,7 @@ def test_model_config_mirrors_the_variant(name):
     assert path.is_file(), f"no {path}"
     yaml_cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     assert yaml_cfg.pop("name") == name
+    assert yaml_cfg.pop("pretrained") is None  # create_model's argument, not an architecture field
     family_cls = FAMILIES[VARIANTS[name][0]][1]
     assert set(yaml_cfg) == {f.name for f in dataclasses.fields(family_cls)}
     expected = dataclasses.asdict(model_config(name))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 from torch import nn
 
@@ -40,14 +40,19 @@ def model_config(name: str, **overrides: Any) -> Any:
     return build_config(FAMILIES[family][1], {**defaults, **overrides}, "model")
 
 
-def create_model(name: str, attention: Any = "global", **overrides: Any) -> nn.Module:
+def create_model(name: str, attention: Any = "global", pretrained: Optional[str] = None, **overrides: Any) -> nn.Module:
     """Build a backbone by variant name.
 
     Args:
         name: a variant from :func:`list_models`.
         attention: ``"window"`` or ``{"name": "linformer", "k": 64}``: the token mixer of every block.
+        pretrained: weights to start from: a timm-format file or ``timm:<name>`` (:mod:`vitzoo.pretrained`).
         **overrides: any field of the family config (``num_classes``, ``img_size``, ``depth`` …).
     """
+    if pretrained is not None:
+        from vitzoo.pretrained import create_pretrained
+
+        return create_pretrained(name, attention, pretrained, **overrides)
     cfg = model_config(name, **overrides)
     cls = FAMILIES[VARIANTS[name][0]][0]
     model = cls(cfg, attention)

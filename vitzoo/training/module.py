@@ -9,16 +9,17 @@ from typing import Any, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitzoo.models import create_model
+from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError
 
 OPTIM_DEFAULTS: dict[str, Any] = dict(lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), label_smoothing=0.1,
-                                      warmup_epochs=1.0, warmup_lr_ratio=1e-3, min_lr_ratio=0.01)
+                                      warmup_epochs=1.0, warmup_lr_ratio=1e-3, min_lr_ratio=0.01,
+                                      layer_decay=None)
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # besides biases and norms (1-d), as DeiT
 
 
@@ -30,7 +31,8 @@ class VitModule(pl.LightningModule):
         attention: ``{"name": "window", **options}``: the token mixer of every block.
         optim: ``lr``, ``weight_decay``, ``betas``, ``label_smoothing``, ``warmup_epochs`` (linear
             warm-up, may be fractional), ``warmup_lr_ratio`` (warm-up start / lr), ``min_lr_ratio``
-            (cosine floor / lr). Missing keys take :data:`OPTIM_DEFAULTS`.
+            (cosine floor / lr), ``layer_decay`` (timm's layer-wise lr decay: block i of L trains at
+            lr·layer_decay^(L-i), the head at lr; null: off). Missing keys take :data:`OPTIM_DEFAULTS`.
         data: plain description of the training data (name, img_size, mean, std, classes), kept so
             that evaluation and export know the preprocessing.
     """
@@ -46,7 +48,10 @@ class VitModule(pl.LightningModule):
         options = dict(model)
         if "name" not in options:
             raise ConfigError("missing model.name; choose model= one of the configs/model/ files")
-        self.net = create_model(options.pop("name"), attention=attention, **options)
+        name = options.pop("name")
+        self.net = create_model(name, attention=attention, **options)
+        if options.get("pretrained") is not None:  # checkpoints rebuild the resolved architecture, not the source
+            self.hparams["model"] = {"name": name, **model_kwargs(self.net)}
         n = self.net.cfg.num_classes
         self.criterion = nn.CrossEntropyLoss(label_smoothing=float(self.optim["label_smoothing"]))
         self.train_acc = MulticlassAccuracy(n, top_k=1, average="micro")
@@ -83,7 +88,11 @@ class VitModule(pl.LightningModule):
         """AdamW (no weight decay on biases, norms, position embeddings and tokens: timm's grouping) and
         a per-step cosine schedule after a linear warm-up (timm's ``CosineLRScheduler``)."""
         o = self.optim
-        groups = param_groups_weight_decay(self.net, float(o["weight_decay"]), no_weight_decay_list=NO_WEIGHT_DECAY)
+        if o["layer_decay"] is None:
+            groups = param_groups_weight_decay(self.net, float(o["weight_decay"]), no_weight_decay_list=NO_WEIGHT_DECAY)
+        else:  # the models' group_matcher() orders the layers; timm scales each group's lr (lr_scale)
+            groups = param_groups_layer_decay(self.net, float(o["weight_decay"]), no_weight_decay_list=NO_WEIGHT_DECAY,
+                                              layer_decay=float(o["layer_decay"]))
         optimizer = create_optimizer_v2(groups, opt="adamw", lr=float(o["lr"]), weight_decay=float(o["weight_decay"]),
                                         betas=tuple(o["betas"]))
         total = max(1, int(self.trainer.estimated_stepping_batches))
