@@ -17,5 +17,15 @@ def load_model(path, map_location="cpu"):
     return _load(path, map_location=map_location)
 
 
-__all__ = ["ConfigError", "build_attention", "create_model", "list_attention", "list_models", "load_model", "natural_attention",
+def export_model(model, out_dir, data=None, formats=("safetensors",)):
+    """Write ``model.safetensors`` + ``config.json`` (and ``formats``: onnx, torchscript, pt2) into ``out_dir``.
+
+    See :func:`vitzoo.export.export_model`.
+    """
+    from vitzoo.export import export_model as _export
+
+    return _export(model, out_dir, data=data, formats=formats)
+
+
+__all__ = ["ConfigError", "build_attention", "create_model", "export_model", "list_attention", "list_models", "load_model", "natural_attention",
            "register_attention", "__version__"]

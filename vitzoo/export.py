@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
@@ -24,20 +24,30 @@ from vitzoo.untrusted import export_options, load_weights, read_json
 WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
 
 
-def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dict[str, Any]] = None) -> Path:
+def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dict[str, Any]] = None,
+                 formats: Sequence[str] = ("safetensors",)) -> Path:
     """Write ``out_dir/model.safetensors`` and ``out_dir/config.json``; return ``out_dir``.
 
     Args:
         model: a model from :func:`vitzoo.create_model` (it knows its ``variant``, ``cfg`` and ``attention_cfg``).
         out_dir: folder to write (created).
         data: preprocessing facts to keep with the weights (img_size, mean, std, classes).
+        formats: also ``onnx``, ``torchscript``, ``pt2`` (:mod:`vitzoo.export_formats`: each file is
+            checked against eager; ``ExportError`` names the format and op that fail).
+            ``model.safetensors`` and ``config.json`` are always written.
     """
+    from vitzoo.export_formats import check_formats, export_format
+
+    formats = check_formats(list(formats))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
               "attention": attention_spec(model), "data": data or {}}
     _save_safetensors(model, str(out / WEIGHTS))
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    for fmt in formats:
+        if fmt != "safetensors":
+            export_format(model, out, fmt)
     return out
 
 

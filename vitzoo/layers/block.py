@@ -20,17 +20,18 @@ class Block(nn.Module):
         ctx: dims, heads, grid, prefix tokens, layer index and shift (Swin's odd blocks) for the mixer.
         mlp_ratio: hidden width of the MLP relative to C.
         drop: dropout in the MLP; drop_path: stochastic depth rate.
+        norm_eps: epsilon of both LayerNorms (timm's ViT/DeiT: 1e-6; Swin and torch's default: 1e-5).
     """
 
     formula = "norm1 + attn + norm2 + mlp"  # how flops() is composed (shown in FLOPs breakdowns)
 
     def __init__(self, attention: Any, ctx: MixerContext, mlp_ratio: float = 4.0, drop: float = 0.0,
-                 drop_path: float = 0.0):
+                 drop_path: float = 0.0, norm_eps: float = 1e-5):
         super().__init__()
-        self.norm1 = nn.LayerNorm(ctx.dim)
+        self.norm1 = nn.LayerNorm(ctx.dim, eps=norm_eps)
         self.attn = build_attention(attention, ctx)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(ctx.dim)
+        self.norm2 = nn.LayerNorm(ctx.dim, eps=norm_eps)
         self.mlp = Mlp(ctx.dim, int(ctx.dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:

@@ -6,7 +6,7 @@ strict registry behind :func:`create_model`, :func:`list_models` and :func:`mode
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from torch import nn
 
@@ -60,15 +60,20 @@ def natural_attention(name: str) -> str:
     return MODELS.get(name)[0].natural_attention
 
 
-def create_model(name: str, attention: Any = None, **overrides: Any) -> nn.Module:
+def create_model(name: str, attention: Any = None, pretrained: Optional[str] = None, **overrides: Any) -> nn.Module:
     """Build a backbone by variant name.
 
     Args:
         name: a variant from :func:`list_models`.
         attention: ``"window"``, ``{"name": "linformer", "k": 64}`` or a config instance: the token mixer
             of every block (validated once). None: the variant's :func:`natural_attention`.
+        pretrained: weights to start from: a timm-format file or ``timm:<name>`` (:mod:`vitzoo.pretrained`).
         **overrides: any field of the family config (``num_classes``, ``img_size``, ``depth`` …).
     """
+    if pretrained is not None:
+        from vitzoo.pretrained import create_pretrained
+
+        return create_pretrained(name, attention, pretrained, **overrides)
     cfg = model_config(name, **overrides)
     model = MODELS.get(name)[0](cfg, attention)
     model.variant = name

@@ -9,9 +9,11 @@ backbone with, e.g., Performer or Linformer attention.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from functools import partial
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,7 @@ class SwinConfig:
     drop_rate: float = 0.0  # dropout in MLP and before the head
     attn_drop_rate: float = 0.0  # dropout on attention weights
     drop_path_rate: float = 0.2  # stochastic depth, linearly increasing over all blocks
+    norm_eps: float = 1e-5  # LayerNorm epsilon (Swin's and timm's: 1e-5; model.pretrained sets it from the source)
 
     def __post_init__(self):
         self.depths, self.num_heads = list(self.depths), list(self.num_heads)
@@ -55,9 +58,9 @@ class SwinConfig:
 class PatchMerging(nn.Module):
     """2×2 neighbouring tokens concatenated (4C), normalised and projected to 2C; odd grids are padded."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, norm_eps: float = 1e-5):
         super().__init__()
-        self.norm = nn.LayerNorm(4 * dim)
+        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
         self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
 
     @staticmethod
@@ -94,10 +97,10 @@ class SwinStage(nn.Module):
         self.blocks = nn.ModuleList([
             Block(attention, MixerContext(dim, num_heads, grid, 0, cfg.qkv_bias, cfg.attn_drop_rate,
                                           cfg.drop_rate, first_layer + i, cfg.window_size, shifted=i % 2 == 1),
-                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=drop_path[i])
+                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=drop_path[i], norm_eps=cfg.norm_eps)
             for i in range(depth)
         ])
-        self.downsample = PatchMerging(dim) if downsample else None
+        self.downsample = PatchMerging(dim, cfg.norm_eps) if downsample else None
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> tuple[Tensor, tuple[int, int]]:
         for blk in self.blocks:
@@ -144,7 +147,7 @@ class SwinTransformer(nn.Module):
         self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
         self.num_prefix = 0
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim,
-                                      norm_layer=nn.LayerNorm, strict_img_size=False)
+                                      norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), strict_img_size=False)
         dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths)).tolist()
         grid, stages = tuple(self.patch_embed.grid_size), []
         for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.num_heads)):
@@ -155,7 +158,7 @@ class SwinTransformer(nn.Module):
             grid = grid if last else PatchMerging.out_grid(grid)
         self.stages = nn.ModuleList(stages)
         self.num_features = cfg.embed_dim * 2 ** (len(cfg.depths) - 1)
-        self.norm = nn.LayerNorm(self.num_features)
+        self.norm = nn.LayerNorm(self.num_features, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(self.num_features, cfg.num_classes)
         init_weights(self)
@@ -174,6 +177,22 @@ class SwinTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    def group_matcher(self, coarse: bool = False) -> Callable[[str], tuple[float, ...]]:
+        """Depth ordinal of a parameter name, as timm's Swin orders its layers (timm's layer-wise lr decay,
+        ``param_groups_layer_decay``, reads it): patch embedding, then blocks; a patch merging belongs
+        to the first block after it (timm merges at the start of a stage, vitzoo at the end of the one
+        before); the final norm joins the last block (ordinal 99999); the head comes last."""
+
+        def ordinal(name: str) -> tuple[float, ...]:
+            if name.startswith("patch_embed"):
+                return (0,)
+            if m := re.match(r"^stages\.(\d+)\.(blocks\.(\d+)|downsample)", name):
+                stage = int(m[1]) + (m[3] is None)  # downsample: with block 0 of the next stage
+                return (1, stage) if coarse else (1, stage, int(m[3] or 0))
+            return (99999,) if name.startswith("norm") else (float("inf"),)
+
+        return ordinal
 
     def flops(self, img_size: Optional[int] = None) -> int:
         """Analytic MACs for one image (fvcore conventions: LayerNorm 5/elem, pooling 0)."""

@@ -36,6 +36,7 @@ class ViTConfig:
     drop_rate: float = 0.0  # dropout in MLP and before the head
     attn_drop_rate: float = 0.0  # dropout on attention weights
     drop_path_rate: float = 0.1  # stochastic depth, linearly increasing over blocks
+    norm_eps: float = 1e-5  # LayerNorm epsilon (timm's ViT/DeiT use 1e-6: model.pretrained sets it from the source)
 
     def __post_init__(self):
         check(self.img_size % self.patch_size == 0,
@@ -75,10 +76,10 @@ class VisionTransformer(nn.Module):
             Block(self.attention_cfg, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
                                                    cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size,
                                                    shifted=i % 2 == 1),
-                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=dpr[i])
+                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=dpr[i], norm_eps=cfg.norm_eps)
             for i in range(cfg.depth)
         ])
-        self.norm = nn.LayerNorm(C)
+        self.norm = nn.LayerNorm(C, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes)
         trunc_normal_(self.pos_embed, std=0.02)
@@ -110,6 +111,11 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups in depth order (timm's convention: embeddings, each block, final norm last);
+        timm's layer-wise lr decay (``param_groups_layer_decay``) reads it."""
+        return {"stem": r"^cls_token|^pos_embed|^patch_embed", "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
 
     def flops(self, img_size: Optional[int] = None) -> int:
         """Analytic MACs for one image (fvcore conventions: LayerNorm 5/elem, pooling 0)."""

@@ -10,12 +10,12 @@ from typing import Any, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitzoo.models import create_model
+from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError, build_config
 
 
@@ -30,6 +30,7 @@ class OptimConfig:
     warmup_epochs: float = 1.0  # linear warm-up length in epochs (may be fractional), then per-step cosine
     warmup_lr_ratio: float = 1e-3  # warm-up starts at lr * this
     min_lr_ratio: float = 0.01  # cosine ends at lr * this
+    layer_decay: Optional[float] = None  # timm layer-wise lr decay (e.g. 0.65 to fine-tune: block i of L at lr·decay^(L-i)); None: off
 
 
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # besides biases and norms (1-d), as DeiT
@@ -56,7 +57,10 @@ class VitModule(pl.LightningModule):
         options = dict(model)
         if "name" not in options:
             raise ConfigError("missing model.name; choose model= one of the configs/model/ files")
-        self.net = create_model(options.pop("name"), attention=attention, **options)
+        name = options.pop("name")
+        self.net = create_model(name, attention=attention, **options)
+        if options.get("pretrained") is not None:  # checkpoints rebuild the resolved architecture, not the source
+            self.hparams["model"] = {"name": name, **model_kwargs(self.net)}
         n = self.net.cfg.num_classes
         self.criterion = nn.CrossEntropyLoss(label_smoothing=float(self.optim.label_smoothing))
         self.train_acc = MulticlassAccuracy(n, top_k=1, average="micro")
@@ -105,7 +109,11 @@ class VitModule(pl.LightningModule):
         """AdamW (no weight decay on biases, norms, position embeddings and tokens: timm's grouping) and
         a per-step cosine schedule after a linear warm-up (timm's ``CosineLRScheduler``)."""
         o = self.optim
-        groups = param_groups_weight_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY)
+        if o.layer_decay is None:
+            groups = param_groups_weight_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY)
+        else:  # the models' group_matcher() orders the layers; timm scales each group's lr (lr_scale)
+            groups = param_groups_layer_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY,
+                                              layer_decay=float(o.layer_decay))
         optimizer = create_optimizer_v2(groups, opt="adamw", lr=float(o.lr), weight_decay=float(o.weight_decay),
                                         betas=tuple(o.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
