@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -93,3 +94,22 @@ def backends(family: str = "", base: type = object) -> list[str]:
 @pytest.fixture(params=ATTENTION_NAMES)
 def attention_name(request):
     return request.param
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a shared 2-core machine it costs a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose_cfg(overrides, out_dir, config: str = "train"):
+    """``configs/<config>.yaml`` composed with ``overrides`` (as the command line would), writing into ``out_dir``."""
+    import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs the YAML composes)
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose(config, overrides=list(overrides))
+    cfg.paths.output_dir = str(out_dir)
+    return cfg

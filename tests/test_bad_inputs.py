@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import vitzoo
-from conftest import CONFIGS, ROOT
+from conftest import ROOT, compose_cfg
 from vitzoo.export import export_model
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, train
@@ -35,19 +34,7 @@ DIGITS = {"_target_": "vitzoo.training.data.DigitsDataModule", "name": "digits",
           "batch_size": 32, "num_workers": 0, "flip": False, "augment": False}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def compose_cfg(overrides, out_dir, config="train"):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose(config, overrides=list(overrides))
-    cfg.paths.output_dir = str(out_dir)
-    return cfg
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:

@@ -13,9 +13,8 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, compose_cfg
 from vitzoo.training import VitModule, train
 from vitzoo.training.resume import AtomicCheckpointIO, TrainingDiverged
 
@@ -45,19 +44,7 @@ KILLER = textwrap.dedent("""
 """).format(configs=str(CONFIGS))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def compose_cfg(overrides, run_dir):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides))
-    cfg.paths.output_dir = str(run_dir)
-    return cfg
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def env():

@@ -11,10 +11,9 @@ import sys
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import vitzoo
-from conftest import CIFAR_ROOT, CONFIGS, ROOT
+from conftest import CIFAR_ROOT, CONFIGS, ROOT, compose_cfg
 from vitzoo.layers.block import Block
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, fit, train
@@ -37,20 +36,7 @@ ATTENTION = vitzoo.list_attention()
 CASES = [(m, a) for m in TINY_MODEL for a in ATTENTION]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared machine it costs a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def compose_cfg(overrides, tmp_path, config="train"):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose(config, overrides=list(overrides))
-    cfg.paths.output_dir = str(tmp_path)
-    return cfg
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(model="vit_cifar", attention="global", extra=()):
