@@ -14,11 +14,31 @@ from typing import Any
 import torch
 from rich.progress import track
 from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 from vitzoo.registry import ConfigError
 
 CACHE_VERSION = 1  # part of the key: bump when the stored layout changes
+
+
+class Transformed(Dataset):
+    """``(transform(image), label)`` pairs of ``base`` (a dataset of ``(image, label)``).
+
+    Args:
+        base: the dataset.
+        transform: applied to every image.
+    """
+
+    def __init__(self, base: Any, transform: Any):
+        self.base, self.transform = base, transform
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        image, label = self.base[i]
+        return self.transform(image), label
 
 
 def folder_key(samples: list[tuple[str, int]], root: Path, img_size: int) -> str:
@@ -36,25 +56,26 @@ def folder_key(samples: list[tuple[str, int]], root: Path, img_size: int) -> str
     return h.hexdigest()[:16]
 
 
-def decode_all(dataset: Any, img_size: int, title: str) -> tuple[Tensor, Tensor]:
+def decode_all(dataset: Any, img_size: int, title: str, num_workers: int = 0) -> tuple[Tensor, Tensor]:
     """``(images uint8 [N, 3, S, S], labels int64 [N])`` of a dataset of ``(PIL image, label)`` pairs.
 
     Args:
         dataset: e.g. a torchvision ``ImageFolder`` (images opened as RGB).
         img_size: side ``S`` (images of another size are resized, antialiased).
         title: progress bar label.
+        num_workers: DataLoader processes decoding in parallel.
     """
-    n = len(dataset)
+    n, chunk = len(dataset), 256
     images = torch.empty(n, 3, img_size, img_size, dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
-    to_tensor = v2.Compose([v2.ToImage(), v2.Resize((img_size, img_size), antialias=True)])
-    for i in track(range(n), description=title, total=n, transient=True):
-        image, label = dataset[i]
-        images[i], labels[i] = to_tensor(image), label
+    to_uint8 = v2.Compose([v2.ToImage(), v2.Resize((img_size, img_size), antialias=True)])
+    loader = DataLoader(Transformed(dataset, to_uint8), batch_size=chunk, num_workers=num_workers)
+    for i, (x, y) in enumerate(track(loader, description=title, total=len(loader), transient=True)):
+        images[i * chunk:i * chunk + len(y)], labels[i * chunk:i * chunk + len(y)] = x, y
     return images, labels
 
 
-def cached_images(dataset: Any, root: Path, img_size: int, cache_dir: Path) -> tuple[Tensor, Tensor]:
+def cached_images(dataset: Any, root: Path, img_size: int, cache_dir: Path, num_workers: int = 0) -> tuple[Tensor, Tensor]:
     """The decoded images of an ``ImageFolder`` from ``cache_dir`` (built, with a progress bar, when missing).
 
     Args:
@@ -62,13 +83,14 @@ def cached_images(dataset: Any, root: Path, img_size: int, cache_dir: Path) -> t
         root: the folder its paths are relative to (e.g. ``data.root``).
         img_size: side of the cached images.
         cache_dir: folder of the cache files (``data.cache_dir``).
+        num_workers: processes decoding while the cache is built (``data.num_workers``).
     """
     key = folder_key(dataset.samples, root, img_size)
     path = Path(cache_dir).expanduser() / f"{Path(dataset.root).name}-{img_size}px-{key}.pt"
     if path.is_file():
         stored = torch.load(path, map_location="cpu", weights_only=True)
         return stored["images"], stored["labels"]
-    images, labels = decode_all(dataset, img_size, f"decoding {len(dataset)} images into {path.name}")
+    images, labels = decode_all(dataset, img_size, f"decoding {len(dataset)} images into {path.name}", num_workers)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

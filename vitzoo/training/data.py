@@ -28,7 +28,7 @@ from torchvision.transforms import v2
 
 from vitzoo.registry import ConfigError
 from vitzoo.training.augment import BatchAugment
-from vitzoo.training.cache import cached_images
+from vitzoo.training.cache import Transformed, cached_images
 
 SMALL_IMAGE = 64  # at or below this side, crop+flip augmentation; above it, timm's create_transform
 
@@ -59,25 +59,6 @@ def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], 
             steps.append(v2.RandomHorizontalFlip())
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
     return v2.Compose(steps)
-
-
-class Transformed(Dataset):
-    """``(image, label)`` pairs of ``base`` with ``transform`` applied to the image.
-
-    Args:
-        base: a dataset of ``(image, label)``.
-        transform: applied to every image.
-    """
-
-    def __init__(self, base: Dataset, transform: Callable):
-        self.base, self.transform = base, transform
-
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int):
-        image, label = self.base[i]
-        return self.transform(image), label
 
 
 class TensorImages(Dataset):
@@ -394,4 +375,4 @@ class ImageFolderDataModule(ImageDataModule):
         """``folder`` itself, or with ``data.cache`` its images decoded once into a uint8 :class:`TensorImages`."""
         if not self.cache:
             return folder
-        return TensorImages(*cached_images(folder, root, self.img_size, self.cache_dir))
+        return TensorImages(*cached_images(folder, root, self.img_size, self.cache_dir, self.num_workers))

@@ -6,6 +6,7 @@ error before fit is a one-line ConfigError, so nothing trains on a bad config.
 """
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -22,8 +23,8 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
-from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, resolve_ckpt_path,
-                                    write_export)
+from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, previous_status,
+                                    resolve_ckpt_path, say, write_export)
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
 from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line, peak_memory_mb,
                                    read_checkpoint, trainer_throughput, write_traceback)
@@ -84,7 +85,16 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train as configured (see :func:`fit`); return the content of ``results.json``."""
+    """Train as configured (see :func:`fit`); return the content of ``results.json``.
+
+    With ``skip_finished=true`` a run folder whose ``results.json`` says ``finished`` is not trained again (its
+    results are returned): re-running a sweep into the same ``hydra.sweep.dir`` skips the finished jobs, and with
+    ``ckpt_path=auto`` resumes the interrupted ones.
+    """
+    out_dir = Path(cfg.paths.output_dir)
+    if cfg.get("skip_finished", False) and previous_status(out_dir) == "finished":
+        say(f"skip_finished: {out_dir / 'results.json'} says finished; not training again")
+        return json.loads((out_dir / "results.json").read_text())
     return fit(cfg)[0]
 
 
