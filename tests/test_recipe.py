@@ -108,3 +108,14 @@ def test_sweep_skips_finished_jobs_and_resumes_killed_ones(tmp_path):
     assert resumed["status"] == "finished" and resumed["previous_status"] == "interrupted"
     assert resumed["resumed_from"].endswith("last.ckpt") and resumed["epochs"] == 2
     assert "skip_finished" in proc.stdout + proc.stderr
+
+
+def test_data_speed_smoke(tmp_path):
+    from vitzoo.bench.data_speed import measure
+
+    data = make_folder(tmp_path / "data", per_class=4)
+    overrides = [f"data.root={data}", f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=4", "data.val_fraction=0.25",
+                 *TINY_VIT]
+    result = measure("cifar10_vit", overrides, blocks=2, steps=1, warmup=1, device="cpu")
+    assert result.batch_size == 4 and result.device == "cpu"
+    assert result.pipeline_images_per_s > 0 and result.tensor_images_per_s > 0 and result.ratio > 0

@@ -191,9 +191,12 @@ class ImageDataModule(pl.LightningDataModule):
         self.root = Path(root).expanduser() if root is not None else None
         self.download, self.pin_memory = download, pin_memory
         small = self.img_size <= SMALL_IMAGE
-        if (cache or device_augment) and not small:
-            print(f"data.cache/data.device_augment apply at <= {SMALL_IMAGE} px; {self.img_size} px images keep "
-                  f"timm's per-image path", flush=True)
+        if (cache or device_augment or policy) and not small:
+            print(f"data.cache/device_augment/policy apply at <= {SMALL_IMAGE} px; {self.img_size} px images keep "
+                  f"timm's per-image path (data.auto_augment)", flush=True)
+        elif policy is not None and not device_augment:
+            raise ConfigError(f"data.policy={policy} needs data.device_augment=true (the per-image path takes "
+                              f"data.auto_augment above {SMALL_IMAGE} px)")
         self.cache, self.device_augment = bool(cache) and small, bool(device_augment) and small
         if self.device_augment and not self.cache:
             raise ConfigError("data.device_augment=true needs data.cache=true (uint8 images in memory)")
@@ -235,8 +238,17 @@ class ImageDataModule(pl.LightningDataModule):
         """With ``device_augment``: augment (training only) and normalise the uint8 batch on its device."""
         if not self.device_augment:
             return batch
+        return self.device_batch(batch, train=self.trainer is not None and self.trainer.training)
+
+    def device_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
+        """``(uint8 images, labels)`` already on the device -> ``(normalised float images, labels)``.
+
+        Args:
+            batch: a loader batch moved to the training device.
+            train: apply the training augmentation.
+        """
         images, labels = batch
-        self.batch_augment.train(self.trainer is not None and self.trainer.training)
+        self.batch_augment.train(train)
         return self.batch_augment(images), labels
 
     @property
