@@ -119,3 +119,25 @@ def test_data_speed_smoke(tmp_path):
     result = measure("cifar10_vit", overrides, blocks=2, steps=1, warmup=1, device="cpu")
     assert result.batch_size == 4 and result.device == "cpu"
     assert result.pipeline_images_per_s > 0 and result.tensor_images_per_s > 0 and result.ratio > 0
+
+
+def script_sweeps():
+    """The override lists of the ``python train.py -m`` commands in scripts/sweep_gpu.sh (GPU array expanded)."""
+    import re
+    import shlex
+
+    text = (ROOT / "scripts" / "sweep_gpu.sh").read_text().replace("\\\n", " ")
+    gpu = shlex.split(re.search(r"^GPU=\((.*)\)$", text, re.M).group(1))
+    commands = [shlex.split(line.replace('"${GPU[@]}"', " ".join(gpu)))[3:]
+                for line in text.splitlines() if line.startswith("python train.py -m")]
+    return [[a for a in c if not a.startswith("hydra.sweep.dir=")] for c in commands]
+
+
+def test_gpu_script_sweeps_compose(tmp_path):
+    sweeps = script_sweeps()
+    assert [c[0] for c in sweeps] == ["experiment=zoo_cifar10", "experiment=cifar10_pixels"]
+    for overrides in sweeps:
+        cfg = compose_cfg([o.replace("attention=glob(*)", "attention=global") for o in overrides], tmp_path)
+        assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "bf16-mixed"
+        assert cfg.ckpt_path == "auto" and cfg.skip_finished  # both sweeps resume across sittings
+        assert cfg.trainer.max_steps > 0  # a fixed budget of steps for every backend
