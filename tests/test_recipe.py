@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from conftest import CONFIGS, ROOT
-from vitzoo.training import OptimConfig, train
+from vitzoo.training import OptimConfig, evaluate, train
 from vitzoo.training.module import warmup_steps
 
 TINY_VIT = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2"]
@@ -65,6 +65,17 @@ def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
     assert "current_model_state" in ckpt  # the EMA callback: state_dict holds the average, this the raw weights
     raw, ema = ckpt["current_model_state"], ckpt["state_dict"]
     assert any(not torch.equal(raw[k], ema[k]) for k in ema if k.startswith("net."))
+
+    report = evaluate(eval_cfg([f"ckpt_path={results['best_ckpt']}", "benchmark.steps=1", "benchmark.batch_size=4",
+                                "trainer.enable_progress_bar=false"], tmp_path / "eval"))
+    assert report["num_val_images"] == 6 and report["preprocessing"]["mean"] == list(cfg.data.mean)
+
+
+def eval_cfg(overrides, out_dir):
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("eval", overrides=list(overrides))
+    cfg.paths.output_dir = str(out_dir)
+    return cfg
 
 
 def test_cifar10_pixels_smoke(tmp_path):
