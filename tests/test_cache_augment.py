@@ -53,9 +53,11 @@ def test_cache_is_built_once_and_rebuilt_when_a_file_changes(tmp_path):
 def test_device_augment_loader_yields_uint8_batches_normalised_after_transfer(tmp_path):
     make_folder(tmp_path / "data")
     dm = cached_dm(tmp_path / "data", tmp_path / "cache", device_augment=True, policy="trivial")
-    x, y = next(iter(dm.val_dataloader()))
+    idx, y, data = next(iter(dm.val_dataloader()))  # indices: the images stay where they are
+    x = data.images[idx]
     assert x.dtype == torch.uint8 and x.shape == (3, 3, 16, 16) and y.dtype == torch.int64
-    out, labels = dm.on_after_batch_transfer((x, y), 0)  # no trainer: eval mode, normalise only
+    out, labels = dm.on_after_batch_transfer((idx, y, data), 0)  # no trainer: eval mode, normalise only
+    assert data.on_device(idx.device) is data.on_device(idx.device)  # copied to the device once
     expected = (x.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
     torch.testing.assert_close(out, expected)
     assert torch.equal(labels, y)

@@ -237,9 +237,9 @@ def test_cifar_device_augment_path_normalises_on_the_device_side(tmp_path, monke
                            "data.device_augment=true", "data.batch_size=10"])
     dm.prepare_data()
     dm.setup("fit")
-    x, y = next(iter(dm.val_dataloader()))
-    assert x.dtype == torch.uint8 and x.shape == (10, 3, 32, 32)
-    out, _ = dm.device_batch((x, y), train=False)
+    batch = next(iter(dm.val_dataloader()))
+    assert batch[2].images.dtype == torch.uint8 and batch[2].images[batch[0]].shape == (10, 3, 32, 32)
+    out, _ = dm.device_batch(batch, train=False)
     m, s = torch.tensor(cfg.mean), torch.tensor(cfg.std)
     for i, colour in enumerate(colours):
         expected = (torch.tensor(colour) / 255 - m) / s

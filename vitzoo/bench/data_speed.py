@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
 from omegaconf import OmegaConf
 
 from vitzoo.registry import ConfigError
@@ -90,8 +91,7 @@ def measure(experiment: str = "cifar10_vit", overrides: Sequence[str] = (), bloc
     batches = endless(dm.train_dataloader())
 
     def pipeline_step() -> None:
-        x, y = next(batches)
-        batch = (x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
+        batch = move_data_to_device(next(batches), dev)  # what Lightning does before on_after_batch_transfer
         step(*(dm.device_batch(batch, train=True) if dm.device_augment else batch))
 
     x = torch.randn(batch_size, 3, dm.img_size, dm.img_size, device=dev)

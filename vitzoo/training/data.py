@@ -64,8 +64,10 @@ def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], 
 class TensorImages(Dataset):
     """In-memory images ``[N, 3, H, W]`` (float in [0, 1] or uint8) with integer labels ``[N]``.
 
-    ``__getitems__`` (what a DataLoader calls with a whole batch of indices) returns one
-    ``(images, labels)`` batch by a single indexing, no per-image Python work: use it with
+    ``__getitems__`` (what a DataLoader calls with a whole batch of indices) returns
+    ``(indices, labels, self)`` without touching the images: after the transfer,
+    :meth:`on_device` holds the images on the training device (copied there once) and the batch is
+    gathered there, so an epoch never moves images between host and device. Use it with
     ``collate_fn=keep_batch``.
 
     Args:
@@ -75,6 +77,7 @@ class TensorImages(Dataset):
 
     def __init__(self, images: Tensor, labels: Tensor):
         self.images, self.labels = images, labels
+        self.resident: Optional[Tensor] = None  # the images on the training device (see on_device)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -82,9 +85,15 @@ class TensorImages(Dataset):
     def __getitem__(self, i: int):
         return self.images[i], int(self.labels[i])
 
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor, "TensorImages"]:
         idx = torch.as_tensor(indices, dtype=torch.int64)
-        return self.images[idx], self.labels[idx]
+        return idx, self.labels[idx], self
+
+    def on_device(self, device: torch.device) -> Tensor:
+        """All images on ``device`` (copied there on the first call, then kept)."""
+        if self.resident is None or self.resident.device != device:
+            self.resident = self.images.to(device)
+        return self.resident
 
 
 def keep_batch(batch: Any) -> Any:
@@ -240,16 +249,16 @@ class ImageDataModule(pl.LightningDataModule):
             return batch
         return self.device_batch(batch, train=self.trainer is not None and self.trainer.training)
 
-    def device_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
-        """``(uint8 images, labels)`` already on the device -> ``(normalised float images, labels)``.
+    def device_batch(self, batch: tuple[Tensor, Tensor, TensorImages], train: bool) -> tuple[Tensor, Tensor]:
+        """A loader batch ``(indices, labels, images)`` moved to the device -> ``(normalised float images, labels)``.
 
         Args:
-            batch: a loader batch moved to the training device.
+            batch: indices and labels on the training device, and the :class:`TensorImages` they index.
             train: apply the training augmentation.
         """
-        images, labels = batch
+        idx, labels, data = batch
         self.batch_augment.train(train)
-        return self.batch_augment(images), labels
+        return self.batch_augment(data.on_device(idx.device)[idx]), labels
 
     @property
     def num_classes(self) -> int:
