@@ -26,7 +26,7 @@ from vitzoo.training import VitModule, evaluate, train
 from vitzoo.training.cli import check_group_choices
 from vitzoo.training.data import ImageFolderDataModule
 
-TINY = ["model.depth=1", "model.embed_dim=32", "model.num_heads=2", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
         "callbacks.rich_progress_bar=null", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1"]
 HPARAMS = {"model": {"name": "vit_cifar", "img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2, "num_classes": 10},

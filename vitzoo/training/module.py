@@ -10,9 +10,9 @@ from typing import Any, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
