@@ -15,7 +15,7 @@ from vitzoo.training import train
 
 # one fixed batch of 32 digits (overfit_batches=1: no shuffling, so the 2 ranks' shards of 16 are exactly the
 # single process's batch of 32), no stochastic depth (its draws would differ per rank), 6 optimizer steps
-COMMON = ["model.depth=1", "model.embed_dim=32", "model.num_heads=2", "model.drop_path_rate=0.0",
+COMMON = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "model.drop_path_rate=0.0",
           "trainer.overfit_batches=1", "trainer.max_epochs=6", "trainer.num_sanity_val_steps=0",
           "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "callbacks.rich_progress_bar=null",
           "optim.warmup_epochs=0", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1"]

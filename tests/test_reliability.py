@@ -21,7 +21,7 @@ from vitzoo.training.resume import AtomicCheckpointIO, TrainingDiverged
 
 STEPS_PER_EPOCH, EPOCHS = 4, 3
 # a one-block ViT, 4 steps of 32 digits per epoch, deterministic kernels, no progress bar
-TINY = ["model.depth=1", "model.embed_dim=32", "model.num_heads=2", "data.batch_size=32",
+TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "data.batch_size=32",
         f"trainer.limit_train_batches={STEPS_PER_EPOCH}", "trainer.limit_val_batches=2", f"trainer.max_epochs={EPOCHS}",
         "trainer.log_every_n_steps=1", "trainer.deterministic=true", "trainer.enable_progress_bar=false",
         "callbacks.rich_progress_bar=null", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1"]

@@ -134,7 +134,7 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     final = results.update(
         status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),
         val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,
-        peak_memory_mb=peak_memory_mb(trainer.strategy.root_device), epochs=trainer.current_epoch, best_ckpt=best,
+        peak_memory_mb=peak_memory_mb(trainer.strategy.root_device), epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
         export_dir=str(export_dir) if export_dir else None, wall_s=time.perf_counter() - start, output_dir=str(out_dir))
     if rank_zero_only.rank == 0:
         console.print(f"[bold]{cfg.model.name} + {cfg.attention.name} on {cfg.data.name}[/]: val acc {final['best_val_acc']:.4f} "
