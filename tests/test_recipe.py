@@ -78,6 +78,15 @@ def eval_cfg(overrides, out_dir):
     return cfg
 
 
+def test_mixup_with_an_odd_batch_fails_before_training(tmp_path):
+    from vitzoo.registry import ConfigError
+
+    cfg = compose_cfg([*TINY_VIT, *QUIET, "data.batch_size=5", "optim.mixup_alpha=0.8"], tmp_path)
+    with pytest.raises(ConfigError, match=r"^optim.mixup_alpha/cutmix_alpha need an even data.batch_size \(got 5\)$"):
+        train(cfg)
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
+
+
 def test_cifar10_pixels_smoke(tmp_path):
     data = make_folder(tmp_path / "data", per_class=4)
     cfg = compose_cfg(["experiment=cifar10_pixels", "attention=linear", "model.depth=1", "model.embed_dim=16",

@@ -54,6 +54,8 @@ def build_module(container: dict[str, Any], dm: ImageDataModule) -> VitModule:
     module = VitModule(model=model_options(container["model"], dm.num_classes), attention=container["attention"],
                        optim=container.get("optim"), data=dm.describe())
     module.run_config = container  # saved into every checkpoint under "config"
+    if module.mixup is not None and dm.batch_size % 2:  # timm's Mixup pairs each image with its mirror in the batch
+        raise ConfigError(f"optim.mixup_alpha/cutmix_alpha need an even data.batch_size (got {dm.batch_size})")
     return module
 
 
