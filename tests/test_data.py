@@ -224,3 +224,25 @@ def test_imagefolder_path_normalises_with_the_configured_mean_and_std(tmp_path, 
         expected = (torch.tensor([40 * label, 10 * i, 100]) / 255 - m) / s
         assert x.shape == (3, img_size, img_size)
         torch.testing.assert_close(x, expected[:, None, None].expand_as(x), rtol=0, atol=1e-5)
+
+
+def test_cifar_device_augment_path_normalises_on_the_device_side(tmp_path, monkeypatch):
+    """data.cache + data.device_augment on a fake CIFAR-10: uint8 batches in, (colour/255 - mean) / std out."""
+    import torchvision.datasets.cifar as tv_cifar
+
+    monkeypatch.setattr(tv_cifar, "check_integrity", lambda *a, **k: True)  # fake files have no official md5
+    colours = [(10 * i, 255 - 20 * i, 125) for i in range(10)]
+    write_fake_cifar10(tmp_path, colours, colours)
+    dm, cfg = data_module(["data=cifar10", f"data.root={tmp_path}", "data.download=false", "data.cache=true",
+                           "data.device_augment=true", "data.batch_size=10"])
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.val_dataloader()))
+    assert batch[2].images.dtype == torch.uint8 and batch[2].images[batch[0]].shape == (10, 3, 32, 32)
+    out, _ = dm.device_batch(batch, train=False)
+    m, s = torch.tensor(cfg.mean), torch.tensor(cfg.std)
+    for i, colour in enumerate(colours):
+        expected = (torch.tensor(colour) / 255 - m) / s
+        torch.testing.assert_close(out[i], expected[:, None, None].expand(3, 32, 32), rtol=0, atol=1e-5)
+    train_x, _ = dm.device_batch(next(iter(dm.train_dataloader())), train=True)
+    assert train_x.shape == (10, 3, 32, 32) and train_x.dtype == torch.float32

@@ -3,6 +3,7 @@
 >>> from vitzoo.export import export_model, load_model
 >>> export_model(model, "run/export", data={"img_size": 32, "mean": [...], "std": [...]})
 >>> model = load_model("run/export")          # or the .safetensors file, or config.json
+>>> logits = model(preprocess(model)(pil_image)[None])  # the model's own resize + mean/std
 
 ``config.json`` holds the variant, every option of its config dataclass, the attention spec and
 (optionally) the preprocessing the model was trained with, so inference needs only vitzoo.
@@ -83,3 +84,18 @@ def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
     model.to(map_location).eval()
     model.export_config = config
     return model
+
+
+def preprocess(model: nn.Module) -> Any:
+    """The eval transform (PIL image or ``[3, H, W]`` tensor -> normalised tensor) an exported model was trained with.
+
+    Args:
+        model: a model from :func:`load_model` (its ``export_config["data"]`` holds img_size, mean, std).
+    """
+    from vitzoo.training.data import build_transform
+
+    data = getattr(model, "export_config", {}).get("data") or {}
+    missing = [k for k in ("img_size", "mean", "std") if data.get(k) is None]
+    if missing:
+        raise ConfigError(f"the export's config.json data has no {missing[0]}; normalise the images yourself")
+    return build_transform(int(data["img_size"]), data["mean"], data["std"], train=False)

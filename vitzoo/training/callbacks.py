@@ -1,4 +1,4 @@
-"""Callbacks: training throughput (Lightning) and a sweep summary at the end of a multirun (Hydra)."""
+"""Callbacks: training throughput and an EMA of the weights (Lightning), a sweep summary at the end of a multirun (Hydra)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
+from pytorch_lightning.callbacks import EMAWeightAveraging
 
 
 class ImagesPerSecond(pl.Callback):
@@ -57,6 +58,31 @@ class ImagesPerSecond(pl.Callback):
         self.seconds += self._epoch_seconds
         if self._epoch_seconds > 0:
             pl_module.log("train/images_per_s", self._epoch_images / self._epoch_seconds, on_epoch=True, sync_dist=True)
+
+
+class EMA(EMAWeightAveraging):
+    """Lightning's ``EMAWeightAveraging``: validation and checkpoints use the exponential moving average of
+    the weights, and the module holds it after training. Once training ends the average is dropped, so the
+    final ``trainer.validate(ckpt_path=best)`` evaluates the best checkpoint's (EMA) weights as loaded
+    instead of swapping in the last average.
+
+    Args:
+        decay: weight of the running average per update (0.999: a horizon of about 1,000 steps).
+        update_every_n_steps: average every N optimizer steps.
+        update_starting_at_step: first step averaged (None: from the start).
+    """
+
+    def __init__(self, decay: float = 0.999, update_every_n_steps: int = 1, update_starting_at_step: Optional[int] = None):
+        super().__init__(decay=decay, update_every_n_steps=update_every_n_steps,
+                         update_starting_at_step=update_starting_at_step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._average_model = None
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._average_model is not None:  # resuming a fit; outside it the state_dict already is the average
+            super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
 
 class SweepSummary(HydraCallback):

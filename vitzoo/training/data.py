@@ -5,6 +5,10 @@ Augmentation: at small sizes (``img_size <= 64``) random crop with padding ``img
 32 px) and horizontal flip; at larger sizes timm's ``create_transform`` (random resized crop, flip,
 optional RandAugment). Validation images are only resized and normalised.
 
+Small images can be decoded once (``data.cache``: one uint8 tensor, see :mod:`vitzoo.training.cache`) and
+augmented and normalised batched on the training device (``data.device_augment``: the loader yields
+uint8 batches, :class:`~vitzoo.training.augment.BatchAugment` runs in ``on_after_batch_transfer``).
+
 Every problem a user can fix (missing folder, offline download) is a one-line
 :class:`~vitzoo.registry.ConfigError` naming the option (``data.root``, ``data.download``), raised by
 ``prepare_data``/``setup`` before training starts.
@@ -23,6 +27,8 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 from torchvision.transforms import v2
 
 from vitzoo.registry import ConfigError
+from vitzoo.training.augment import BatchAugment
+from vitzoo.training.cache import Transformed, cached_images
 
 SMALL_IMAGE = 64  # at or below this side, crop+flip augmentation; above it, timm's create_transform
 
@@ -55,36 +61,44 @@ def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], 
     return v2.Compose(steps)
 
 
-class Transformed(Dataset):
-    """``(image, label)`` pairs of ``base`` with ``transform`` applied to the image.
+class TensorImages(Dataset):
+    """In-memory images ``[N, 3, H, W]`` (float in [0, 1] or uint8) with integer labels ``[N]``.
+
+    ``__getitems__`` (what a DataLoader calls with a whole batch of indices) returns
+    ``(indices, labels, self)`` without touching the images: after the transfer,
+    :meth:`on_device` holds the images on the training device (copied there once) and the batch is
+    gathered there, so an epoch never moves images between host and device. Use it with
+    ``collate_fn=keep_batch``.
 
     Args:
-        base: a dataset of ``(image, label)``.
-        transform: applied to every image.
+        images: ``[N, 3, H, W]``.
+        labels: ``[N]`` class indices.
     """
-
-    def __init__(self, base: Dataset, transform: Callable):
-        self.base, self.transform = base, transform
-
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int):
-        image, label = self.base[i]
-        return self.transform(image), label
-
-
-class TensorImages(Dataset):
-    """In-memory images ``[N, 3, H, W]`` in [0, 1] with integer labels ``[N]``."""
 
     def __init__(self, images: Tensor, labels: Tensor):
         self.images, self.labels = images, labels
+        self.resident: Optional[Tensor] = None  # the images on the training device (see on_device)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int):
         return self.images[i], int(self.labels[i])
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor, "TensorImages"]:
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return idx, self.labels[idx], self
+
+    def on_device(self, device: torch.device) -> Tensor:
+        """All images on ``device`` (copied there on the first call, then kept)."""
+        if self.resident is None or self.resident.device != device:
+            self.resident = self.images.to(device)
+        return self.resident
+
+
+def keep_batch(batch: Any) -> Any:
+    """DataLoader ``collate_fn`` for datasets whose ``__getitems__`` already returns a batch."""
+    return batch
 
 
 class EpochShuffle(RandomSampler):
@@ -163,13 +177,21 @@ class ImageDataModule(pl.LightningDataModule):
         crop_pct: eval centre-crop fraction for large images (None: timm's default).
         root: data folder (where the subclass uses one).
         download: allow downloading (torchvision data sets).
+        pin_memory: page-locked loader batches (faster copies to a GPU).
+        cache: keep the decoded images as one uint8 tensor (image folders: in a cache file under ``cache_dir``);
+            small images only (at most :data:`SMALL_IMAGE` px).
+        cache_dir: folder of the cache files.
+        device_augment: yield uint8 batches and augment + normalise them batched on the training device
+            (needs ``cache``; small images only; batches are gathered in the main process).
+        policy: batched augmentation policy with ``device_augment``: ``trivial``, ``rand`` or None.
     """
 
     def __init__(self, name: str, img_size: int = 32, batch_size: int = 128, num_workers: int = 0,
                  mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                  num_classes: Optional[int] = None, seed: int = 0, val_fraction: float = 0.1, augment: bool = True,
                  flip: bool = True, auto_augment: Optional[str] = None, crop_pct: Optional[float] = None,
-                 root: Optional[str] = None, download: bool = False, pin_memory: bool = False):
+                 root: Optional[str] = None, download: bool = False, pin_memory: bool = False, cache: bool = False,
+                 cache_dir: Optional[str] = None, device_augment: bool = False, policy: Optional[str] = None):
         super().__init__()
         self.name, self.img_size, self.batch_size, self.num_workers = name, int(img_size), int(batch_size), int(num_workers)
         self.mean, self.std = tuple(mean), tuple(std)
@@ -177,6 +199,18 @@ class ImageDataModule(pl.LightningDataModule):
         self.augment, self.flip, self.auto_augment, self.crop_pct = augment, flip, auto_augment, crop_pct
         self.root = Path(root).expanduser() if root is not None else None
         self.download, self.pin_memory = download, pin_memory
+        small = self.img_size <= SMALL_IMAGE
+        if (cache or device_augment or policy) and not small:
+            print(f"data.cache/device_augment/policy apply at <= {SMALL_IMAGE} px; {self.img_size} px images keep "
+                  f"timm's per-image path (data.auto_augment)", flush=True)
+        elif policy is not None and not device_augment:
+            raise ConfigError(f"data.policy={policy} needs data.device_augment=true (the per-image path takes "
+                              f"data.auto_augment above {SMALL_IMAGE} px)")
+        self.cache, self.device_augment = bool(cache) and small, bool(device_augment) and small
+        if self.device_augment and not self.cache:
+            raise ConfigError("data.device_augment=true needs data.cache=true (uint8 images in memory)")
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else Path("~/.cache/vitzoo").expanduser()
+        self.batch_augment = BatchAugment(self.mean, self.std, augment=augment, flip=flip, policy=policy)
         self.classes: list[str] = []
         self.train_set: Optional[Dataset] = None
         self.val_set: Optional[Dataset] = None
@@ -203,8 +237,28 @@ class ImageDataModule(pl.LightningDataModule):
         if self.expected_classes is not None and int(self.expected_classes) != len(self.classes):
             raise ConfigError(f"data.num_classes={self.expected_classes} but {self.name} has {len(self.classes)} classes; "
                               f"set data.num_classes={len(self.classes)}")
+        if self.device_augment:  # uint8 tensors; augmented and normalised in on_after_batch_transfer
+            self.train_set, self.val_set = train, val
+            return
         self.train_set = Transformed(train, self.transform(train=True))
         self.val_set = Transformed(val, self.transform(train=False))
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """With ``device_augment``: augment (training only) and normalise the uint8 batch on its device."""
+        if not self.device_augment:
+            return batch
+        return self.device_batch(batch, train=self.trainer is not None and self.trainer.training)
+
+    def device_batch(self, batch: tuple[Tensor, Tensor, TensorImages], train: bool) -> tuple[Tensor, Tensor]:
+        """A loader batch ``(indices, labels, images)`` moved to the device -> ``(normalised float images, labels)``.
+
+        Args:
+            batch: indices and labels on the training device, and the :class:`TensorImages` they index.
+            train: apply the training augmentation.
+        """
+        idx, labels, data = batch
+        self.batch_augment.train(train)
+        return self.batch_augment(data.on_device(idx.device)[idx]), labels
 
     @property
     def num_classes(self) -> int:
@@ -216,8 +270,9 @@ class ImageDataModule(pl.LightningDataModule):
         seed = int(os.environ.get("PL_GLOBAL_SEED", self.seed))  # the run's seed (pl.seed_everything sets it)
         return DataLoader(dataset, batch_size=self.batch_size, sampler=EpochShuffle(dataset, seed) if train else None,
                           drop_last=train and len(dataset) > self.batch_size,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                          pin_memory=self.pin_memory)
+                          num_workers=0 if self.device_augment else self.num_workers,
+                          persistent_workers=self.num_workers > 0 and not self.device_augment,
+                          pin_memory=self.pin_memory, collate_fn=keep_batch if self.device_augment else None)
 
     def train_dataloader(self) -> DataLoader:
         return self.loader(self.train_set, train=True)
@@ -299,7 +354,16 @@ class CIFARDataModule(ImageDataModule):
         except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
             raise ConfigError(f"{self.name} under data.root={root} is unreadable ({e}); "
                               f"delete it and set data.download=true") from None
+        if self.cache:
+            return self.as_tensors(train), self.as_tensors(val), list(train.classes)
         return train, val, list(train.classes)
+
+    def as_tensors(self, data: Any) -> TensorImages:
+        """torchvision's CIFAR arrays (``[N, 32, 32, 3]`` uint8, already decoded) as uint8 ``[N, 3, S, S]``."""
+        images = torch.from_numpy(data.data).permute(0, 3, 1, 2).contiguous()
+        if images.shape[-1] != self.img_size:
+            images = v2.functional.resize(images, [self.img_size, self.img_size], antialias=True)
+        return TensorImages(images, torch.tensor(data.targets, dtype=torch.int64))
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -323,6 +387,13 @@ class ImageFolderDataModule(ImageDataModule):
                 only = sorted(set(train.classes) ^ set(val.classes)) or ["(same names, other order)"]
                 raise ConfigError(f"data.root={root}: val/ classes differ from train/ classes (in one only: "
                                   f"{', '.join(only[:5])}); give val/ the same class folders")
-            return train, val, list(train.classes)
+            return self.decoded(train, root), self.decoded(val, root), list(train.classes)
         train_idx, val_idx = stratified_split(train.targets, self.val_fraction, self.seed)
-        return Subset(train, train_idx), Subset(train, val_idx), list(train.classes)
+        data = self.decoded(train, root)
+        return Subset(data, train_idx), Subset(data, val_idx), list(train.classes)
+
+    def decoded(self, folder: Any, root: Path) -> Dataset:
+        """``folder`` itself, or with ``data.cache`` its images decoded once into a uint8 :class:`TensorImages`."""
+        if not self.cache:
+            return folder
+        return TensorImages(*cached_images(folder, root, self.img_size, self.cache_dir, self.num_workers))

@@ -4,6 +4,10 @@ The model is rebuilt from the checkpoint's own hyper-parameters; the data is the
 training data config unless ``data=<group>`` picks another (``+data.key=value`` changes one option
 of the checkpoint's data). Reports top-1, top-5, loss, inference images/s, params and GMACs,
 prints them and writes ``<checkpoint stem>.eval.json`` beside the checkpoint.
+
+Preprocessing belongs to the model: the mean, std and image size saved with the checkpoint (the
+``data`` hyper-parameter) are used whatever data group supplies the images; a different value given
+explicitly on the command line (``data.mean=[...]``) is used and printed as a warning line.
 """
 from __future__ import annotations
 
@@ -24,6 +28,49 @@ from vitzoo.training.utils import (benchmark_config, console, flops_table, peak_
                                    trainer_throughput, write_traceback)
 
 
+PREPROCESSING = ("img_size", "mean", "std")  # data options that belong to the model
+
+
+def command_line_keys(cfg: DictConfig) -> set[str]:
+    """The ``data.*`` options set on the command line (``data.mean=...``, ``+data.std=...``, ``++data.img_size=...``).
+
+    Args:
+        cfg: the composed eval config (its Hydra overrides come from ``hydra.overrides.task`` or the running Hydra).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
+    if overrides is None:
+        overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    keys = {str(o).split("=", 1)[0].lstrip("+~") for o in overrides if "=" in str(o)}
+    return {k[len("data."):] for k in keys if k.startswith("data.")}
+
+
+def model_preprocessing(data: dict[str, Any], saved: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """``data`` with the checkpoint's ``img_size``/``mean``/``std`` (``saved``) unless ``explicit`` names them.
+
+    An explicit value that differs from the checkpoint's is kept and printed as a ``warning:`` line.
+
+    Args:
+        data: the resolved data config to evaluate on.
+        saved: the checkpoint's ``data`` hyper-parameter (``VitModule``'s ``data``: name, img_size, mean, std).
+        explicit: data options given on the command line.
+    """
+    out = dict(data)
+    for key in PREPROCESSING:
+        if saved.get(key) is None:
+            continue
+        model_value = saved[key] if key == "img_size" else [float(v) for v in saved[key]]
+        given = out.get(key)
+        given = [float(v) for v in given] if isinstance(given, (list, tuple)) else given
+        if key in explicit and given is not None and given != model_value:
+            console.print(f"warning: data.{key}={given} differs from the checkpoint's {model_value} "
+                          f"(the model was trained with it)", soft_wrap=True, markup=False)
+            continue
+        out[key] = model_value
+    return out
+
+
 def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
     """The data config to evaluate on: ``data=<group>`` if given, else the checkpoint's, with ``+data.*`` on top."""
     chosen = OmegaConf.to_container(cfg.data, resolve=False) if cfg.get("data") is not None else {}
@@ -35,7 +82,8 @@ def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
     # `${model.img_size}` in the data group resolves against the checkpoint's model
     scope = OmegaConf.create({"model": checkpoint_hparams(ckpt, source)["model"], "data": base})
     merged = OmegaConf.to_container(OmegaConf.merge(scope, {"data": chosen}), resolve=True)  # resolved here, in scope
-    return OmegaConf.create(merged["data"])
+    saved_pre = checkpoint_hparams(ckpt, source).get("data") or {}
+    return OmegaConf.create(model_preprocessing(merged["data"], dict(saved_pre), command_line_keys(cfg)))
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -67,7 +115,8 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     infer = trainer_throughput(trainer, module.net, bench)
     out = {"ckpt_path": str(path), "model": model_name, "attention": attention_name, "data": dm.name,
-           "num_val_images": len(dm.val_set), "val_acc": float(metrics["val/acc"]), "val_acc5": float(metrics["val/acc5"]),
+           "num_val_images": len(dm.val_set), "preprocessing": {"img_size": dm.img_size, "mean": list(dm.mean),
+                                                                "std": list(dm.std)}, "val_acc": float(metrics["val/acc"]), "val_acc5": float(metrics["val/acc5"]),
            "val_loss": float(metrics["val/loss"]), "infer_images_per_s": infer,
            "infer_batch_size": bench.batch_size, "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
            "params": report.params, "gmacs": report.measured / 1e9, "gmacs_analytic": report.analytic / 1e9}

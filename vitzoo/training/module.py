@@ -10,6 +10,8 @@ from typing import Any, Mapping, Optional
 
 import pytorch_lightning as pl
 import torch
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
@@ -28,12 +30,46 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     label_smoothing: float = 0.1  # cross-entropy label smoothing
     warmup_epochs: float = 1.0  # linear warm-up length in epochs (may be fractional), then per-step cosine
+    warmup_fraction: Optional[float] = None  # set (e.g. 0.05): warm-up is this share of all steps, replacing warmup_epochs
     warmup_lr_ratio: float = 1e-3  # warm-up starts at lr * this
     min_lr_ratio: float = 0.01  # cosine ends at lr * this
     layer_decay: Optional[float] = None  # timm layer-wise lr decay (e.g. 0.65 to fine-tune: block i of L at lr·decay^(L-i)); None: off
+    mixup_alpha: float = 0.0  # timm Mixup: Beta(alpha, alpha) blend of image pairs (0: off)
+    cutmix_alpha: float = 0.0  # timm CutMix: pasted boxes (0: off); with both on, timm picks one per batch
 
 
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # besides biases and norms (1-d), as DeiT
+
+
+def warmup_steps(o: OptimConfig, total: int, max_epochs: Optional[int]) -> int:
+    """Warm-up length in steps: ``warmup_fraction`` of ``total`` if set, else ``warmup_epochs`` (at most half of ``total``).
+
+    Args:
+        o: the optim options.
+        total: optimizer steps of the whole run.
+        max_epochs: the trainer's epochs (None or -1 with a step budget: ``warmup_epochs`` counts the run as one).
+    """
+    if o.warmup_fraction is not None:
+        if not 0 <= float(o.warmup_fraction) < 1:
+            raise ConfigError(f"optim.warmup_fraction must be in [0, 1) (got {o.warmup_fraction})")
+        return int(round(float(o.warmup_fraction) * total))
+    epochs = max_epochs if max_epochs and max_epochs > 0 else 1
+    return min(int(round(float(o.warmup_epochs) * total / epochs)), total // 2)
+
+
+def build_mixup(o: OptimConfig, num_classes: int) -> Optional[Mixup]:
+    """timm's ``Mixup`` (mixup and/or CutMix, label smoothing folded into the soft targets), or None when both are off.
+
+    Args:
+        o: the optim options (``mixup_alpha``, ``cutmix_alpha``, ``label_smoothing``).
+        num_classes: classifier outputs.
+    """
+    if float(o.mixup_alpha) < 0 or float(o.cutmix_alpha) < 0:
+        raise ConfigError(f"optim.mixup_alpha and optim.cutmix_alpha must be >= 0 (got {o.mixup_alpha}, {o.cutmix_alpha})")
+    if float(o.mixup_alpha) == 0 and float(o.cutmix_alpha) == 0:
+        return None
+    return Mixup(mixup_alpha=float(o.mixup_alpha), cutmix_alpha=float(o.cutmix_alpha),
+                 label_smoothing=float(o.label_smoothing), num_classes=num_classes)
 
 
 class VitModule(pl.LightningModule):
@@ -63,6 +99,8 @@ class VitModule(pl.LightningModule):
             self.hparams["model"] = {"name": name, **model_kwargs(self.net)}
         n = self.net.cfg.num_classes
         self.criterion = nn.CrossEntropyLoss(label_smoothing=float(self.optim.label_smoothing))
+        self.mixup = build_mixup(self.optim, n)  # None when off; else soft targets and their cross entropy
+        self.train_criterion = SoftTargetCrossEntropy() if self.mixup is not None else self.criterion
         self.train_acc = MulticlassAccuracy(n, top_k=1, average="micro")
         self.val_acc = MulticlassAccuracy(n, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(n, top_k=min(5, n), average="micro")
@@ -89,8 +127,11 @@ class VitModule(pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
+        target = y
+        if self.mixup is not None:
+            x, target = self.mixup(x, y)
         logits = self.net(x)
-        loss = self.criterion(logits, y)
+        loss = self.train_criterion(logits, target)
         self.train_acc(logits, y)
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, prog_bar=True)
@@ -117,8 +158,7 @@ class VitModule(pl.LightningModule):
         optimizer = create_optimizer_v2(groups, opt="adamw", lr=float(o.lr), weight_decay=float(o.weight_decay),
                                         betas=tuple(o.betas))
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
-        warmup = min(int(round(float(o.warmup_epochs) * total / epochs)), total // 2)
+        warmup = warmup_steps(o, total, self.trainer.max_epochs)
         scheduler = CosineLRScheduler(optimizer, t_initial=max(1, total - warmup), lr_min=float(o.lr) * float(o.min_lr_ratio),
                                       warmup_t=warmup, warmup_lr_init=float(o.lr) * float(o.warmup_lr_ratio),
                                       warmup_prefix=True, t_in_epochs=False)

@@ -30,7 +30,7 @@ ALLOWED_TARGETS: dict[str, set[str]] = {
                "pytorch_lightning.loggers.TensorBoardLogger", "pytorch_lightning.loggers.WandbLogger"},
     "callbacks": {"pytorch_lightning.callbacks.ModelCheckpoint", "vitzoo.training.resume.Checkpoint", "pytorch_lightning.callbacks.LearningRateMonitor",
                   "pytorch_lightning.callbacks.RichProgressBar", "pytorch_lightning.callbacks.TQDMProgressBar",
-                  "pytorch_lightning.callbacks.EarlyStopping"},
+                  "pytorch_lightning.callbacks.EarlyStopping", "vitzoo.training.callbacks.EMA"},
     "trainer": {"pytorch_lightning.Trainer"},
     "trainer.strategy": {"pytorch_lightning.strategies.DDPStrategy", "pytorch_lightning.strategies.FSDPStrategy",
                          "vitzoo.training.resume.fsdp_strategy"},

@@ -6,6 +6,7 @@ error before fit is a one-line ConfigError, so nothing trains on a bad config.
 """
 from __future__ import annotations
 
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -22,8 +23,8 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
-from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, resolve_ckpt_path,
-                                    write_export)
+from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, previous_status,
+                                    resolve_ckpt_path, say, write_export)
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
 from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line, peak_memory_mb,
                                    read_checkpoint, trainer_throughput, write_traceback)
@@ -53,6 +54,8 @@ def build_module(container: dict[str, Any], dm: ImageDataModule) -> VitModule:
     module = VitModule(model=model_options(container["model"], dm.num_classes), attention=container["attention"],
                        optim=container.get("optim"), data=dm.describe())
     module.run_config = container  # saved into every checkpoint under "config"
+    if module.mixup is not None and dm.batch_size % 2:  # timm's Mixup pairs each image with its mirror in the batch
+        raise ConfigError(f"optim.mixup_alpha/cutmix_alpha need an even data.batch_size (got {dm.batch_size})")
     return module
 
 
@@ -84,7 +87,16 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train as configured (see :func:`fit`); return the content of ``results.json``."""
+    """Train as configured (see :func:`fit`); return the content of ``results.json``.
+
+    With ``skip_finished=true`` a run folder whose ``results.json`` says ``finished`` is not trained again (its
+    results are returned): re-running a sweep into the same ``hydra.sweep.dir`` skips the finished jobs, and with
+    ``ckpt_path=auto`` resumes the interrupted ones.
+    """
+    out_dir = Path(cfg.paths.output_dir)
+    if cfg.get("skip_finished", False) and previous_status(out_dir) == "finished":
+        say(f"skip_finished: {out_dir / 'results.json'} says finished; not training again")
+        return json.loads((out_dir / "results.json").read_text())
     return fit(cfg)[0]
 
 
@@ -124,7 +136,7 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     final = results.update(
         status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),
         val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,
-        peak_memory_mb=peak_memory_mb(trainer.strategy.root_device), epochs=trainer.current_epoch, best_ckpt=best,
+        peak_memory_mb=peak_memory_mb(trainer.strategy.root_device), epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
         export_dir=str(export_dir) if export_dir else None, wall_s=time.perf_counter() - start, output_dir=str(out_dir))
     if rank_zero_only.rank == 0:
         console.print(f"[bold]{cfg.model.name} + {cfg.attention.name} on {cfg.data.name}[/]: val acc {final['best_val_acc']:.4f} "
