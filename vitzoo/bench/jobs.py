@@ -86,6 +86,7 @@ class _ModelSteps:
         self.model.eval()
 
     def train_step(self) -> None:
+        redraw_random_features(self.model)  # as VitModule does before every step (outside the compiled forward)
         self.opt.zero_grad(set_to_none=True)
         with self.setup.autocast():
             loss = nn.functional.cross_entropy(self.net(self.x), self.y)
