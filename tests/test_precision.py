@@ -207,3 +207,52 @@ def test_export_eval_model_then_eager(name, host):
     program = torch.export.export(model, (x,))
     torch.testing.assert_close(program.module()(x), before, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(model(x), before, atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------- training runs: bf16-mixed and compile
+
+def short_run(tmp_path, attention, *extra):
+    """A 4-step run of a one-block ViT on one digits batch (train.yaml + overrides)."""
+    from hydra import compose, initialize_config_dir
+
+    from conftest import CONFIGS
+    from vitzoo.training import fit
+
+    overrides = [f"attention={attention}", "+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2",
+                 "data.batch_size=16", "data.augment=false", "trainer.overfit_batches=1", "trainer.max_epochs=4",
+                 "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+                 "callbacks.rich_progress_bar=null", "benchmark.batch_size=4", "benchmark.warmup=1",
+                 "benchmark.steps=1", *extra]
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    cfg.paths.output_dir = str(tmp_path)
+    return fit(cfg)
+
+
+def test_bf16_mixed_training_run_on_cpu(tmp_path):
+    """``trainer.precision=bf16-mixed`` trains on CPU; performer's redraws are counted per step."""
+    results, module = short_run(tmp_path, "performer", "trainer.precision=bf16-mixed",
+                                "attention.redraw_interval=2")
+    assert results["status"] == "finished" and results["best_val_acc"] >= 0
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    steps = [int(v) for k, v in last.items() if k.endswith("features.steps")]
+    assert steps and all(s == 4 for s in steps)  # one count per training step, none in validation
+
+
+@pytest.mark.slow
+def test_compile_option_trains_and_keeps_plain_keys(tmp_path):
+    """``compile=true`` (~60 s on 2 cores): the steps run compiled; checkpoint and export keys have no ``_orig_mod.``."""
+    from safetensors.torch import load_file
+
+    results, module = short_run(tmp_path, "global", "compile=true")
+    assert results["status"] == "finished" and module._compiled is not None
+    ckpt = torch.load(results["best_ckpt"], map_location="cpu", weights_only=True)
+    assert set(ckpt["state_dict"]) == set(module.state_dict()) and not any("_orig_mod" in k for k in ckpt["state_dict"])
+    assert not any("_orig_mod" in k for k in load_file(f"{results['export_dir']}/model.safetensors"))
+
+
+def test_compile_option_is_a_bool(tmp_path):
+    from vitzoo.registry import ConfigError
+
+    with pytest.raises(ConfigError, match="^compile must be true or false"):
+        short_run(tmp_path, "global", "compile=yes")

@@ -53,6 +53,10 @@ def build_module(container: dict[str, Any], dm: ImageDataModule) -> VitModule:
     module = VitModule(model=model_options(container["model"], dm.num_classes), attention=container["attention"],
                        optim=container.get("optim"), data=dm.describe())
     module.run_config = container  # saved into every checkpoint under "config"
+    compile_net = container.get("compile", False)
+    if not isinstance(compile_net, bool):
+        raise ConfigError(f"compile must be true or false (got {compile_net!r})")
+    module.compile_net = compile_net  # torch.compile(net) in configure_model
     return module
 
 
