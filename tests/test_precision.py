@@ -256,3 +256,32 @@ def test_compile_option_is_a_bool(tmp_path):
 
     with pytest.raises(ConfigError, match="^compile must be true or false"):
         short_run(tmp_path, "global", "compile=yes")
+
+
+# ---------------------------------------------------------------- window: fused SDPA in every block
+
+@pytest.mark.parametrize("grid,shifted", [((8, 8), False), ((8, 8), True), ((7, 7), False), ((7, 7), True)],
+                         ids=["plain", "shifted", "padded", "padded_shifted"])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
+    """Every window block calls SDPA with 4-D q/k/v and mask: in inference it takes a fused CPU kernel,
+    never the math path. (In training on CPU the learned bias needs a mask gradient, which only the
+    math kernel gives; on CUDA the memory-efficient kernel takes it, also only for 4-D inputs.)"""
+    import vitzoo.attention.window as window
+
+    attn = make_attention("window", grid, prefix, shifted=shifted)
+    dims = []
+
+    def recording_sdpa(q, k, v, attn_mask=None, dropout_p=0.0):
+        dims.append((q.dim(), k.dim(), v.dim(), attn_mask.dim()))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+
+    monkeypatch.setattr(window, "sdpa", recording_sdpa)
+    x = torch.randn(2, attn.seq_len(grid), 32, requires_grad=True)
+    attn(x, grid).sum().backward()
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        attn(x, grid)
+    assert dims and all(d == (4, 4, 4, 4) for d in dims), dims
+    names = {e.name for e in prof.events()}
+    assert "aten::scaled_dot_product_attention" in names
+    assert "aten::_scaled_dot_product_attention_math" not in names
