@@ -37,13 +37,15 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[floa
         v: values ``[B, h, N, d]``.
         eps: if given, the normaliser is clamped to at least ``eps`` (feature maps that can go negative).
 
-    The sums over N (``φ(K)ᵀV``, ``φ(K)ᵀ1``) and the normaliser are computed in float32 even under
-    fp16/bf16 autocast: ``φ(K)ᵀ1`` grows with N and overflows fp16 (65504) on large grids, and
-    bf16's 8-bit mantissa would round the normaliser. The result has ``v``'s dtype.
+    The sums over N (``φ(K)ᵀV``, ``φ(K)ᵀ1``) and the normaliser are computed in float32 (float64
+    inputs stay float64) even under fp16/bf16 autocast: ``φ(K)ᵀ1`` grows with N and overflows fp16
+    (65504) on large grids, and bf16's 8-bit mantissa would round the normaliser. The result has
+    ``v``'s dtype.
     """
+    acc = torch.promote_types(v.dtype, torch.float32)  # at least float32
     with torch.autocast(v.device.type, enabled=False):
-        phi_q, phi_k, v32 = phi_q.float(), phi_k.float(), v.float()
-        v1 = F.pad(v32, (0, 1), value=1.0)  # [V | 1] [B, h, N, d+1]: φ(K)ᵀ1 rides along with φ(K)ᵀV
+        phi_q, phi_k, v_acc = phi_q.to(acc), phi_k.to(acc), v.to(acc)
+        v1 = F.pad(v_acc, (0, 1), value=1.0)  # [V | 1] [B, h, N, d+1]: φ(K)ᵀ1 rides along with φ(K)ᵀV
         kvz = phi_k.transpose(-2, -1) @ v1  # [φ(K)ᵀV | φ(K)ᵀ1] [B, h, m, d+1]: N·m·(d+1) per head
         out = phi_q @ kvz  # [φ(Q)(φ(K)ᵀV) | φ(Q)(φ(K)ᵀ1)] [B, h, N, d+1]: N·m·(d+1) per head
         return (out[..., :-1] / _floor(out[..., -1:], eps)).to(v.dtype)

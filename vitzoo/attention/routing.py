@@ -109,13 +109,13 @@ class RoutingAttention(DataDrivenAttention):
         """EMA k-means step: ``x[B, h, T, d]`` unit vectors, ``aff[B, h, T, K]`` their centroid scores."""
         B, h, _, d = x.shape
         assign = aff.argmax(dim=-1)  # [B, h, T] nearest centroid
-        x = x.float()  # sums of up to B·T members: float32, not the autocast dtype
+        x = x.to(self.centroids.dtype)  # sums of up to B·T members in the buffer's dtype (float32), not the autocast one
         sums = x.new_zeros(B, h, self.num_clusters, d).scatter_add(2, assign.unsqueeze(-1).expand(-1, -1, -1, d), x)
         counts = x.new_zeros(B, h, self.num_clusters).scatter_add(2, assign, torch.ones_like(assign, dtype=x.dtype))
         sums, counts = sums.sum(0), counts.sum(0).unsqueeze(-1)  # [h, K, d], [h, K, 1]
         sums, counts = all_ranks_sum(sums), all_ranks_sum(counts)
         mean = sums / counts.clamp_min(1)
-        moved = F.normalize(self.cfg.decay * self.centroids.float() + (1 - self.cfg.decay) * mean, dim=-1)
+        moved = F.normalize(self.cfg.decay * self.centroids + (1 - self.cfg.decay) * mean, dim=-1)
         self.centroids.copy_(torch.where(counts > 0, moved, self.centroids))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
