@@ -310,3 +310,33 @@ def test_precision_table_smoke(tmp_path):
                           "--out", str(tmp_path / "t.md")], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert bad.returncode == 2 and bad.stdout.count("\n") == 1 and "nope" in bad.stdout
+
+
+def _routing_rank(rank: int, world: int, port: int, out: str) -> None:
+    """One gloo rank: an EMA step on its half of the members; saves the resulting centroids."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        attn = make_attention("routing", (8, 8), 1, decay=0.5)
+        x = torch.nn.functional.normalize(torch.randn(4, 4, 64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+        part = x.chunk(world)[rank]
+        attn.update_centroids(part, part @ attn.centroids.transpose(-2, -1))
+        torch.save(attn.centroids, f"{out}/rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_routing_centroids_all_reduced_across_ranks(tmp_path):
+    """2 CPU ranks (gloo), each with half the batch, take the step one process takes on the whole batch."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_routing_rank, args=(2, port, str(tmp_path)), nprocs=2)
+    attn = make_attention("routing", (8, 8), 1, decay=0.5)
+    x = torch.nn.functional.normalize(torch.randn(4, 4, 64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+    attn.update_centroids(x, x @ attn.centroids.transpose(-2, -1))
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(tmp_path / f"rank{rank}.pt"), attn.centroids, atol=1e-6, rtol=0)

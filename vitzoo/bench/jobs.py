@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vitzoo.attention import MixerContext, build_attention, list_attention
+from vitzoo.attention._kernel import redraw_random_features
 from vitzoo.bench.memory import PeakMemory, is_oom
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
 from vitzoo.bench.timing import time_fns
