@@ -7,7 +7,7 @@ import torch
 from conftest import Host, attention_yaml, backends, make_attention
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention
-from vitzoo.attention._kernel import RandomFeatureAttention
+from vitzoo.attention._kernel import RandomFeatureAttention, redraw_random_features
 from vitzoo.attention.base import dense_attention
 from vitzoo.attention.performer import favor_features
 from vitzoo.attention.rfa import fourier_features
@@ -46,9 +46,12 @@ def test_features_fixed_in_eval_and_redrawn_in_training(name):
     assert torch.equal(attn.features.weight, first), "eval must never redraw"
     attn.train()
     for _ in range(3):  # steps 0, 1, 2 use the first draw
+        redraw_random_features(attn)
         attn(x, (8, 8))
     assert torch.equal(attn.features.weight, first)
-    attn(x, (8, 8))  # step 3: redrawn before use
+    attn(x, (8, 8))  # forward alone never redraws
+    assert torch.equal(attn.features.weight, first)
+    redraw_random_features(attn)  # step 3: redrawn before use
     second = attn.features.weight.clone()
     assert not torch.equal(second, first)
     # draws depend only on (layer index, draw count): a fresh layer gives the same sequence
@@ -63,6 +66,7 @@ def test_redraw_interval_zero_never_redraws():
     attn = make_attention("performer", redraw_interval=0)
     first = attn.features.weight.clone()
     for _ in range(4):
+        redraw_random_features(attn)
         attn(torch.randn(1, 65, 32), (8, 8))
     assert torch.equal(attn.features.weight, first)
 
@@ -96,7 +100,7 @@ def test_rfa_features_estimate_gaussian_kernel():
     attn = make_attention("rfa", num_features=8192).double()
     q, k = torch.randn(1, 4, 10, 8, dtype=torch.float64), torch.randn(1, 4, 10, 8, dtype=torch.float64)
     s, omega = attn.scale_param, attn.features.weight
-    est = fourier_features(q, s, omega) @ fourier_features(k, s, omega).transpose(-2, -1) / 8192  # [1, h, 10, 10]
+    est = fourier_features(q, s, omega) @ fourier_features(k, s, omega).transpose(-2, -1)  # [1, h, 10, 10]
     qn, kn = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
     exact = torch.exp(-(qn[..., :, None, :] - kn[..., None, :, :]).square().sum(-1) / 2)
     torch.testing.assert_close(est.detach(), exact, atol=0.03, rtol=0)

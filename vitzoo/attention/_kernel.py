@@ -10,7 +10,9 @@ Kernel attention replaces ``softmax(qᵀk)`` by a feature-map product ``φ(q)ᵀ
 
 Random features (performer, rfa) live in :class:`RandomFeatures`: a buffer drawn from a generator
 seeded by the layer index and a draw counter, redrawn every ``redraw_interval`` training steps and
-never in eval. The draw depends only on ``(layer_index, step // redraw_interval)``, so every
+never in eval. Redraws are driven from outside ``forward``: the training loop calls
+:func:`redraw_random_features` once per step (``VitModule.on_train_batch_start`` does), so
+``forward`` has no Python-side state and ``torch.compile`` traces it once. The draw depends only on ``(layer_index, step // redraw_interval)``, so every
 data-parallel rank draws the same features and a checkpoint (which stores the step count)
 resumes the same sequence of draws. :class:`RandomFeatureAttention` is their common base: the
 feature buffer, the fast and reference attention and the cost; a backend adds its feature map.
@@ -34,11 +36,19 @@ def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[floa
         phi_q, phi_k: features ``[B, h, N, m]``.
         v: values ``[B, h, N, d]``.
         eps: if given, the normaliser is clamped to at least ``eps`` (feature maps that can go negative).
+
+    The sums over N (``φ(K)ᵀV``, ``φ(K)ᵀ1``) and the normaliser are computed in float32 (float64
+    inputs stay float64) even under fp16/bf16 autocast: ``φ(K)ᵀ1`` grows with N and overflows fp16
+    (65504) on large grids, and bf16's 8-bit mantissa would round the normaliser. The result has
+    ``v``'s dtype.
     """
-    v1 = F.pad(v, (0, 1), value=1.0)  # [V | 1] [B, h, N, d+1]: φ(K)ᵀ1 rides along with φ(K)ᵀV
-    kvz = phi_k.transpose(-2, -1) @ v1  # [φ(K)ᵀV | φ(K)ᵀ1] [B, h, m, d+1]: N·m·(d+1) per head
-    out = phi_q @ kvz  # [φ(Q)(φ(K)ᵀV) | φ(Q)(φ(K)ᵀ1)] [B, h, N, d+1]: N·m·(d+1) per head
-    return out[..., :-1] / _floor(out[..., -1:], eps)
+    acc = torch.promote_types(v.dtype, torch.float32)  # at least float32
+    with torch.autocast(v.device.type, enabled=False):
+        phi_q, phi_k, v_acc = phi_q.to(acc), phi_k.to(acc), v.to(acc)
+        v1 = F.pad(v_acc, (0, 1), value=1.0)  # [V | 1] [B, h, N, d+1]: φ(K)ᵀ1 rides along with φ(K)ᵀV
+        kvz = phi_k.transpose(-2, -1) @ v1  # [φ(K)ᵀV | φ(K)ᵀ1] [B, h, m, d+1]: N·m·(d+1) per head
+        out = phi_q @ kvz  # [φ(Q)(φ(K)ᵀV) | φ(Q)(φ(K)ᵀ1)] [B, h, N, d+1]: N·m·(d+1) per head
+        return (out[..., :-1] / _floor(out[..., -1:], eps)).to(v.dtype)
 
 
 def kernel_attention_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[float] = None) -> Tensor:
@@ -82,8 +92,9 @@ def orthogonal_gaussian(rows: int, dim: int, generator: torch.Generator) -> Tens
 class RandomFeatures(nn.Module):
     """Random projection ``ω`` (``[*lead, m, d]``) kept in a buffer, redrawn during training.
 
-    Calling the module returns the current ``ω``. In training mode each call is one step: at steps
-    ``r, 2r, …`` (``r = redraw_interval``) a fresh ``ω`` is drawn before use. Eval never redraws.
+    Calling the module returns the current ``ω`` and changes nothing (so a compiled forward has no
+    step-dependent state). :meth:`redraw` counts one training step: at steps ``r, 2r, …``
+    (``r = redraw_interval``) it draws a fresh ``ω`` before the step uses it. Eval never redraws.
 
     Args:
         lead: leading shape, e.g. ``()`` for one projection shared by all heads, ``(h,)`` for one per head.
@@ -111,17 +122,35 @@ class RandomFeatures(nn.Module):
         return torch.stack(mats).reshape(*self.lead, self.num_features, self.dim)  # [*lead, m, d]
 
     def forward(self) -> Tensor:
-        if self.training and self.redraw_interval > 0:
-            if self._steps > 0 and self._steps % self.redraw_interval == 0:
-                with torch.no_grad():
-                    self.weight.copy_(self.draw(self._steps // self.redraw_interval))
-            self._steps += 1
-            self.steps.fill_(self._steps)
         return self.weight
+
+    @torch.no_grad()
+    def redraw(self) -> None:
+        """Count one training step (call it before the step's forward); draws a fresh ``ω`` when due.
+
+        Does nothing in eval mode or with ``redraw_interval`` 0.
+        """
+        if not self.training or self.redraw_interval == 0:
+            return
+        if self._steps > 0 and self._steps % self.redraw_interval == 0:
+            self.weight.copy_(self.draw(self._steps // self.redraw_interval))
+        self._steps += 1
+        self.steps.fill_(self._steps)
 
     def extra_repr(self) -> str:
         return (f"lead={self.lead}, num_features={self.num_features}, dim={self.dim}, "
                 f"redraw_interval={self.redraw_interval}, steps={self._steps}")
+
+
+def redraw_random_features(model: nn.Module) -> None:
+    """One training step of every :class:`RandomFeatures` in ``model`` (see :meth:`RandomFeatures.redraw`).
+
+    Args:
+        model: a network or a single mixer; modules in eval mode are left alone.
+    """
+    for module in model.modules():
+        if isinstance(module, RandomFeatures):
+            module.redraw()
 
 
 def _resync_steps(module: RandomFeatures, incompatible_keys) -> None:
@@ -166,7 +195,7 @@ class RandomFeatureAttention(QKVAttention):
         raise NotImplementedError
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        omega = self.features()  # redraws in training when due
+        omega = self.features()  # the current draw (redraws happen between steps)
         return kernel_attention(self.feature_map(q, omega, True), self.feature_map(k, omega, False), v, self.eps)
 
     def attend_flops(self, grid: Grid) -> int:

@@ -84,7 +84,7 @@ class BigBirdAttention(SparsePatternAttention):
         self.check_grid_fits(self.grid)
         self.register_buffer("random_blocks", self.draw_random(self.grid))
         self.setup()
-        self.register_load_state_dict_post_hook(lambda module, _: module.setup())  # a loaded draw rebuilds the indices
+        self.register_load_state_dict_post_hook(_rebuild_after_load)  # a loaded draw rebuilds the indices
 
     def check_grid_fits(self, grid: Grid) -> None:
         """Block size, global blocks and random blocks must be in range for ``grid``."""
@@ -172,3 +172,11 @@ class BigBirdAttention(SparsePatternAttention):
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, block_size={self.cfg.block_size}, window_blocks={self.window_at(self.grid)}, "
                 f"num_global_blocks={self.cfg.num_global_blocks}, num_random={self.cfg.num_random}")
+
+
+def _rebuild_after_load(module: "BigBirdAttention", incompatible_keys) -> None:
+    """After ``load_state_dict``: rebuild the gather indices from the loaded random blocks.
+
+    A module-level function, not a lambda, so that ``torch.save(model)`` can pickle the hook.
+    """
+    module.setup()

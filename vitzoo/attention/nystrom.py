@@ -84,8 +84,10 @@ class NystromAttention(QKVAttention):
         B, h, N, d = t.shape
         s, m, pad = segments(N, self.cfg.landmarks)
         sums = F.pad(t, (0, 0, 0, pad)).reshape(B, h, m, s, d).sum(-2)  # [B, h, m, d]; padding adds 0
-        counts = torch.tensor([s] * (m - 1) + [s - pad], dtype=t.dtype, device=t.device)  # real tokens per segment
-        return sums / counts[:, None]
+        if not pad:
+            return sums / s
+        last = sums[..., -1:, :] / (s - pad)  # the last segment holds s - pad real tokens [B, h, 1, d]
+        return torch.cat([sums[..., :-1, :] / s, last], dim=-2)  # [B, h, m, d]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         q = q * self.scale

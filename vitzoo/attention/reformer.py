@@ -39,6 +39,18 @@ SELF_PENALTY = 1e5  # subtracted from a token's score with itself (the paper's 1
 MAX_HASHES = 8
 
 
+def self_penalty(dtype: torch.dtype) -> float:
+    """:data:`SELF_PENALTY`, or less where the dtype cannot hold it (fp16's largest value is 65504).
+
+    A finite constant, so that the bias converts to the scores' dtype under fp16 autocast and the
+    penalised score stays finite; ``e^-4094`` is as much a zero as ``e^-100000``.
+
+    Args:
+        dtype: dtype of the scores.
+    """
+    return min(SELF_PENALTY, torch.finfo(dtype).max / 16)
+
+
 @dataclass
 class ReformerConfig:
     chunk_size: int = 32  # tokens per chunk c after sorting; a query sees its chunk and the previous one
@@ -132,7 +144,7 @@ class ReformerAttention(DataDrivenAttention):
         bk = look_back(bq, dim=-2, fill=-1)  # [B, h, R, nc, 2c]
         bias = -shared.clamp_min(1).to(dtype).log()  # duplicate correction -log(rounds shared)
         bias = bias.masked_fill(bq.unsqueeze(-1) != bk.unsqueeze(-2), float("-inf"))  # other bucket / no key
-        return bias.masked_fill(tq.unsqueeze(-1) == tk.unsqueeze(-2), -SELF_PENALTY - math.log(R))  # self
+        return bias.masked_fill(tq.unsqueeze(-1) == tk.unsqueeze(-2), -self_penalty(dtype) - math.log(R))  # self
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         P = self.num_prefix
@@ -158,7 +170,7 @@ class ReformerAttention(DataDrivenAttention):
     def prefix_bias(self, q: Tensor) -> Tensor:
         """``[P, N]`` self penalty of the prefix queries (prefix token p is key p)."""
         P, N = self.num_prefix, q.shape[-2]
-        return -SELF_PENALTY * torch.eye(P, N, dtype=q.dtype, device=q.device)
+        return -self_penalty(q.dtype) * torch.eye(P, N, dtype=q.dtype, device=q.device)
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """Dense ``[M, M]`` masks per round (same bucket, chunk(j) in {chunk(i), chunk(i) - 1}), one joint softmax."""
@@ -174,7 +186,7 @@ class ReformerAttention(DataDrivenAttention):
         shared = same.sum(2, keepdim=True)  # [B, h, 1, M, M] rounds in which i and j share a bucket
         scores = (qg @ kg.transpose(-2, -1)).unsqueeze(2) * self.scale  # [B, h, 1, M, M]
         scores = scores - shared.clamp_min(1).to(q.dtype).log()
-        scores = scores - SELF_PENALTY * torch.eye(m, dtype=q.dtype, device=q.device)
+        scores = scores - self_penalty(q.dtype) * torch.eye(m, dtype=q.dtype, device=q.device)
         scores = scores.masked_fill(~(same & ((gap == 0) | (gap == 1))), float("-inf"))  # [B, h, R, M, M]
         # one softmax over the multiset union of the rounds' keys (and the prefix keys)
         scores = scores.transpose(2, 3).flatten(-2)  # [B, h, M, R·M]

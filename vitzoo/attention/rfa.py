@@ -5,7 +5,9 @@ Paper: Peng et al., "Random Feature Attention", ICLR 2021, https://arxiv.org/abs
 Queries and keys are normalised to unit length; then ``exp(qᵀk/σ²)`` is proportional to the
 Gaussian kernel ``exp(-‖q - k‖²/2σ²)``, which random Fourier features estimate:
 ``φ(x) = [sin(ωx), cos(ωx)] / √D`` with D Gaussian rows ``ω`` per head, ``φ(q)ᵀφ(k) ≈ exp(-‖s∘(q-k)‖²/2)``.
-The scale ``s`` (one per head and channel, i.e. ``1/σ``) is learnable or fixed (``learn_scale``).
+The scale ``s`` (one per head and channel, i.e. ``1/σ``) is learnable or fixed (``learn_scale``) and
+bounded by ``max_scale``: with ``s`` near 3 the kernel is below ``e⁻⁹`` for most pairs, the D-feature
+estimate is mostly noise and about half of the rows get a normaliser ≤ 0 (output = numerator/eps).
 Attention is ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)``, linear in N; as sin/cos features can make the
 normaliser ≤ 0, it is clamped to at least ``eps``. This is the non-causal RFA without the gate
 (the gate is for causal decoding).
@@ -25,7 +27,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention._kernel import RandomFeatureAttention, check_random_features
-from vitzoo.attention.base import MixerContext, check_positive_number
+from vitzoo.attention.base import MixerContext, check, check_positive_number
 
 
 @dataclass
@@ -35,10 +37,13 @@ class RFAConfig:
     scale: float = 1.0  # initial (or fixed) s; the estimated kernel is exp(-‖s∘(q-k)‖²/2)
     redraw_interval: int = 1000  # training steps between redraws of ω; 0 = never redraw
     eps: float = 1e-3  # lower clamp of the normaliser φ(q)ᵀΣφ(k)
+    max_scale: float = 2.0  # upper bound of s (a learned s is clamped to it in every forward)
 
     def __post_init__(self):
         check_random_features(self)
-        check_positive_number(self, "scale", "eps")
+        check_positive_number(self, "scale", "eps", "max_scale")
+        check(self.scale <= self.max_scale,
+              f"attention.scale ({self.scale}) must be at most attention.max_scale ({self.max_scale})")
 
 
 def fourier_features(x: Tensor, scale: Tensor, omega: Tensor) -> Tensor:
@@ -50,12 +55,12 @@ def fourier_features(x: Tensor, scale: Tensor, omega: Tensor) -> Tensor:
         omega: ``[h, D, d]``.
 
     Returns:
-        ``√D·φ(x) = [sin(ω(s∘x̂)), cos(ω(s∘x̂))]`` ``[B, h, N, 2D]`` with ``x̂ = x/‖x‖``; callers
-        divide kernel values by D (the ``1/√D`` of φ is left out to save a pass over the features).
+        ``φ(x) = [sin(ω(s∘x̂)), cos(ω(s∘x̂))] / √D`` ``[B, h, N, 2D]`` with ``x̂ = x/‖x‖``, so that
+        ``φ(q)ᵀφ(k)`` estimates the kernel itself (a value in (0, 1]) and the normaliser is at most N.
     """
     x = F.normalize(x, dim=-1) * scale  # s∘x̂ [B, h, N, d]
-    proj = x @ omega.transpose(-2, -1)  # [B, h, N, D]: N·d·D per head
-    return torch.cat([proj.sin(), proj.cos()], dim=-1)  # [B, h, N, 2D]
+    proj = x @ omega.transpose(-2, -1)  # ω(s∘x̂) [B, h, N, D]: N·d·D per head
+    return torch.cat([proj.sin(), proj.cos()], dim=-1) * omega.shape[-2] ** -0.5  # [B, h, N, 2D]
 
 
 @register_attention("rfa", RFAConfig)
@@ -72,8 +77,7 @@ class RFAAttention(RandomFeatureAttention):
     feature_symbol = "D"
 
     def __init__(self, cfg: RFAConfig, ctx: MixerContext):
-        # one ω [D, d] per head; the clamp on φ(q)ᵀΣφ(k) is for features without their 1/√D
-        super().__init__(cfg, ctx, lead=(ctx.num_heads,), eps=cfg.eps * cfg.num_features)
+        super().__init__(cfg, ctx, lead=(ctx.num_heads,), eps=cfg.eps)  # one ω [D, d] per head
         scale = torch.full((self.num_heads, 1, self.head_dim), float(cfg.scale))  # [h, 1, d]
         if cfg.learn_scale:
             self.scale_param = nn.Parameter(scale)
@@ -81,4 +85,4 @@ class RFAAttention(RandomFeatureAttention):
             self.register_buffer("scale_param", scale)
 
     def feature_map(self, x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
-        return fourier_features(x, self.scale_param, omega)
+        return fourier_features(x, self.scale_param.clamp(max=self.cfg.max_scale), omega)

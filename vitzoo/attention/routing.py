@@ -14,7 +14,9 @@ Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
 * k-means update: in training, every forward assigns each normalised query and key to its nearest
   centroid and moves the centroid by an exponential moving average of the mean of its members
   (``mu <- normalise(decay·mu + (1 - decay)·mean)``), under ``no_grad``: centroids are updated, not
-  back-propagated. Eval never changes them. Not synchronised across data-parallel replicas.
+  back-propagated. Eval never changes them. The statistics (member sums and counts) are
+  accumulated in float32 whatever the autocast dtype and summed over data-parallel ranks when
+  ``torch.distributed`` is initialised, so every replica takes the same step.
 * Cost: the centroid scores are 2MKC and the clusters 2Kw²C ≈ 2MwC; with the default K = ⌈√M⌉
   both are O(M^1.5), the paper's complexity (so ``linear_cost`` is False).
 * Padding: nothing is padded. Clusters are chosen by top-w over the M real tokens, so K·w >= M
@@ -36,6 +38,17 @@ from vitzoo.attention import register_attention
 from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, auto_size, check_auto_size,
                                        dense_parts, gather_tokens, prefix_part, scatter_combine)
 from vitzoo.attention.base import Grid, MixerContext, check
+
+
+def all_ranks_sum(t: Tensor) -> Tensor:
+    """``t`` summed over the data-parallel ranks when ``torch.distributed`` is initialised, else ``t``.
+
+    Args:
+        t: a float32 statistic of this rank's batch.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)  # in place, op=SUM
+    return t
 
 
 @dataclass
@@ -96,9 +109,11 @@ class RoutingAttention(DataDrivenAttention):
         """EMA k-means step: ``x[B, h, T, d]`` unit vectors, ``aff[B, h, T, K]`` their centroid scores."""
         B, h, _, d = x.shape
         assign = aff.argmax(dim=-1)  # [B, h, T] nearest centroid
+        x = x.to(self.centroids.dtype)  # sums of up to B·T members in the buffer's dtype (float32), not the autocast one
         sums = x.new_zeros(B, h, self.num_clusters, d).scatter_add(2, assign.unsqueeze(-1).expand(-1, -1, -1, d), x)
         counts = x.new_zeros(B, h, self.num_clusters).scatter_add(2, assign, torch.ones_like(assign, dtype=x.dtype))
         sums, counts = sums.sum(0), counts.sum(0).unsqueeze(-1)  # [h, K, d], [h, K, 1]
+        sums, counts = all_ranks_sum(sums), all_ranks_sum(counts)
         mean = sums / counts.clamp_min(1)
         moved = F.normalize(self.cfg.decay * self.centroids + (1 - self.cfg.decay) * mean, dim=-1)
         self.centroids.copy_(torch.where(counts > 0, moved, self.centroids))

@@ -102,7 +102,10 @@ class SinkhornAttention(DataDrivenAttention):
         pad = torch.arange(nb * b, device=r.device).view(nb, b) >= m  # [nb, b] pad tokens (last block only)
         local = torch.zeros(nb, b, dtype=r.dtype, device=r.device).masked_fill(pad, float("-inf"))
         if nb * b > m:
-            slots = (1 - r[..., -1:] * pad[-1].to(r.dtype)).log()  # [B, h, nb, b]
+            # log(1 - R·pad) by log1p, with R clamped below 1: where R_i,last reaches 1 (it does in
+            # float32 after a few Sinkhorn iterations) log(0) = -inf and its gradient 1/0 is NaN
+            share = r[..., -1:].clamp_max(1 - torch.finfo(r.dtype).eps) * pad[-1].to(r.dtype)  # [B, h, nb, b]
+            slots = torch.log1p(-share)  # [B, h, nb, b]
         else:
             slots = torch.zeros_like(local)
         return torch.cat([local.expand_as(slots), slots], dim=-1).unsqueeze(-2)

@@ -175,18 +175,20 @@ class WindowAttention(QKVAttention):
     def attend_windows(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
         """Window tokens ``x[B·nW, T, C]`` -> ``[B·nW, T, C]`` with the bias (and ``mask[nW, T, T]``).
 
-        With a mask, q/k/v are viewed as ``[B, nW, h, T, d]`` so the ``[nW, h, T, T]`` bias+mask
-        broadcasts over images instead of being copied B times.
+        SDPA always gets 4-D q/k/v and a 4-D mask (5-D inputs or a 3-D mask send it to its slow math
+        path on CPU). With a mask, the windows are folded into the head axis, q/k/v ``[B, nW·h, T, d]``,
+        so the ``[1, nW·h, T, T]`` bias+mask broadcasts over images instead of being copied B times.
         """
         q, k, v = self.split_heads(x)  # [B·nW, h, T, d]
         bias = self.position_bias().to(q.dtype)  # [h, T, T]
-        if mask is not None:
-            nw = mask.shape[0]
-            q, k, v = (t.view(-1, nw, *t.shape[1:]) for t in (q, k, v))  # [B, nW, h, T, d]
-            bias = bias[None] + mask[:, None].to(q.dtype)  # [nW, h, T, T]
         p = self.attn_drop.p if self.training else 0.0
-        o = sdpa(q, k, v, attn_mask=bias, dropout_p=p)
-        return self.merge_heads(o.flatten(0, -4))  # [B·nW, h, T, d] -> [B·nW, T, C]
+        if mask is None:
+            return self.merge_heads(sdpa(q, k, v, attn_mask=bias[None], dropout_p=p))  # bias [1, h, T, T]
+        nw, (bnw, h, t, d) = mask.shape[0], q.shape
+        q, k, v = (z.reshape(bnw // nw, nw * h, t, d) for z in (q, k, v))  # [B, nW·h, T, d]
+        bias = (bias[None] + mask[:, None].to(q.dtype)).reshape(1, nw * h, t, t)  # [1, nW·h, T, T]
+        o = sdpa(q, k, v, attn_mask=bias, dropout_p=p)  # [B, nW·h, T, d]
+        return self.merge_heads(o.reshape(bnw, h, t, d))  # [B·nW, h, T, d] -> [B·nW, T, C]
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Dense ``softmax(QKᵀ/√d + B)V`` over all ``P + H·W`` tokens, its allowed pairs derived from

@@ -17,6 +17,7 @@ from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitzoo.attention._kernel import redraw_random_features
 from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError, build_config
 
@@ -105,6 +106,8 @@ class VitModule(pl.LightningModule):
         self.val_acc = MulticlassAccuracy(n, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(n, top_k=min(5, n), average="micro")
         self.run_config: Optional[dict[str, Any]] = None  # the resolved run config, saved in checkpoints
+        self.compile_net: bool = False  # the run's `compile` option: torch.compile the network in configure_model
+        self._compiled: Optional[Any] = None  # torch.compile(self.net), kept out of the module tree (see run_net)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None) -> "VitModule":  # type: ignore[override]
@@ -122,15 +125,32 @@ class VitModule(pl.LightningModule):
         if self.run_config is not None:
             checkpoint["config"] = self.run_config
 
+    def configure_model(self) -> None:
+        """With ``compile_net``: ``torch.compile(self.net)`` for the training and validation steps.
+
+        The compiled wrapper is stored outside the module tree (not a submodule), so ``state_dict``
+        keys, checkpoints and exports stay those of ``self.net`` (no ``_orig_mod.`` prefix); it
+        shares the parameters of ``self.net``.
+        """
+        if self.compile_net and self._compiled is None:
+            object.__setattr__(self, "_compiled", torch.compile(self.net))
+
+    def run_net(self, x: Tensor) -> Tensor:
+        """Logits of ``x`` from the compiled network when there is one, else from ``self.net``."""
+        return (self.net if self._compiled is None else self._compiled)(x)
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        return self.run_net(x)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        redraw_random_features(self.net)  # performer/rfa: count the step, redraw ω when due (outside forward)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         target = y
         if self.mixup is not None:
             x, target = self.mixup(x, y)
-        logits = self.net(x)
+        logits = self.run_net(x)
         loss = self.train_criterion(logits, target)
         self.train_acc(logits, y)
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
@@ -139,7 +159,7 @@ class VitModule(pl.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch
-        logits = self.net(x)
+        logits = self.run_net(x)
         self.val_acc(logits, y)
         self.val_acc5(logits, y)
         self.log("val/loss", self.criterion(logits, y), on_epoch=True, prog_bar=True, sync_dist=True)

@@ -56,6 +56,10 @@ def build_module(container: dict[str, Any], dm: ImageDataModule) -> VitModule:
     module.run_config = container  # saved into every checkpoint under "config"
     if module.mixup is not None and dm.batch_size % 2:  # timm's Mixup pairs each image with its mirror in the batch
         raise ConfigError(f"optim.mixup_alpha/cutmix_alpha need an even data.batch_size (got {dm.batch_size})")
+    compile_net = container.get("compile", False)
+    if not isinstance(compile_net, bool):
+        raise ConfigError(f"compile must be true or false (got {compile_net!r})")
+    module.compile_net = compile_net  # torch.compile(net) in configure_model
     return module
 
 
