@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from rich.console import Console
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vitzoo.registry import ConfigError
 
@@ -61,9 +62,15 @@ def batch_dim() -> dict[int, object]:
 # ------------------------------------------------------------------------- writers and readers
 
 def write_onnx(model: nn.Module, path: Path) -> None:
-    """``torch.onnx.export`` (dynamo exporter, no fallback), input ``image`` with a dynamic batch."""
-    torch.onnx.export(model, (example(model, 2),), str(path), dynamo=True, verbose=False,
-                      input_names=["image"], output_names=["logits"], dynamic_shapes=(batch_dim(),), optimize=True)
+    """``torch.onnx.export`` (dynamo exporter, no fallback), input ``image`` with a dynamic batch.
+
+    Traced with SDPA's math kernel: the CPU flash kernel's output layout differs from what the
+    exporter's own decomposition of SDPA produces, and a reshape traced against the first fails on
+    the second (``Cannot view a tensor ...``); ONNX has no fused kernel to lose.
+    """
+    with sdpa_kernel(SDPBackend.MATH):
+        torch.onnx.export(model, (example(model, 2),), str(path), dynamo=True, verbose=False, input_names=["image"],
+                          output_names=["logits"], dynamic_shapes=(batch_dim(),), optimize=True)
 
 
 def read_onnx(path: Path) -> Callable[[Tensor], Tensor]:

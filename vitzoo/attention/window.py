@@ -184,11 +184,11 @@ class WindowAttention(QKVAttention):
         p = self.attn_drop.p if self.training else 0.0
         if mask is None:
             return self.merge_heads(sdpa(q, k, v, attn_mask=bias[None], dropout_p=p))  # bias [1, h, T, T]
-        nw, (bnw, h, t, d) = mask.shape[0], q.shape
-        q, k, v = (z.reshape(bnw // nw, nw * h, t, d) for z in (q, k, v))  # [B, nW·h, T, d]
+        nw, (_, h, t, d) = mask.shape[0], q.shape
+        q, k, v = (z.reshape(-1, nw * h, t, d) for z in (q, k, v))  # [B, nW·h, T, d]
         bias = (bias[None] + mask[:, None].to(q.dtype)).reshape(1, nw * h, t, t)  # [1, nW·h, T, T]
         o = sdpa(q, k, v, attn_mask=bias, dropout_p=p)  # [B, nW·h, T, d]
-        return self.merge_heads(o.reshape(bnw, h, t, d))  # [B·nW, h, T, d] -> [B·nW, T, C]
+        return self.merge_heads(o.reshape(-1, h, t, d))  # [B·nW, h, T, d] -> [B·nW, T, C]
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Dense ``softmax(QKᵀ/√d + B)V`` over all ``P + H·W`` tokens, its allowed pairs derived from
