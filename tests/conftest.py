@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs that train.yaml composes)
 from vitzoo.configs import attention_options
 from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
 
@@ -107,8 +108,6 @@ def one_thread():
 
 def compose_cfg(overrides, out_dir, config: str = "train"):
     """``configs/<config>.yaml`` composed with ``overrides`` (as the command line would), writing into ``out_dir``."""
-    import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs the YAML composes)
-
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         cfg = compose(config, overrides=list(overrides))
     cfg.paths.output_dir = str(out_dir)
