@@ -18,7 +18,7 @@ from vitzoo.attention import MixerContext, build_attention, list_attention
 from vitzoo.attention._kernel import redraw_random_features
 from vitzoo.bench.memory import PeakMemory, is_oom
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
-from vitzoo.bench.timing import time_fns
+from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.flops import count_flops
 from vitzoo.models import create_model
 from vitzoo.registry import ConfigError
@@ -128,20 +128,23 @@ def _params(module: nn.Module) -> int:
     return sum(t.numel() for t in module.parameters())
 
 
+def _timed_phase(row: Row, setup: _Setup, fn: Callable[[], Any], batch: int, key: str) -> Timing:
+    """Time ``fn`` with peak memory; record ``<key>_peak_mb`` and ``<key>_img_s`` (median, min, max)."""
+    setup.memory.start()
+    t = time_fns({"m": fn}, setup.device, **setup.timing)["m"]
+    row[f"{key}_peak_mb"] = setup.memory.peak_mb()
+    row[f"{key}_img_s"], row[f"{key}_img_s_min"], row[f"{key}_img_s_max"] = t.rate(batch)
+    return t
+
+
 def _infer_phase(row: Row, setup: _Setup, steps: _ModelSteps, batch: int) -> None:
     steps.eval_mode()
-    setup.memory.start()
-    t = time_fns({"m": steps.infer}, setup.device, **setup.timing)["m"]
-    row["infer_peak_mb"] = setup.memory.peak_mb()
-    row["infer_img_s"], row["infer_img_s_min"], row["infer_img_s_max"] = t.rate(batch)
+    _timed_phase(row, setup, steps.infer, batch, "infer")
 
 
 def _train_phase(row: Row, setup: _Setup, steps: _ModelSteps, batch: int) -> None:
     steps.train_mode()
-    setup.memory.start()
-    t = time_fns({"m": steps.train_step}, setup.device, **setup.timing)["m"]
-    row["train_peak_mb"] = setup.memory.peak_mb()
-    row["train_img_s"], row["train_img_s_min"], row["train_img_s_max"] = t.rate(batch)
+    t = _timed_phase(row, setup, steps.train_step, batch, "train")
     row["repeats"], row["iters"] = len(t.seconds), t.iters
 
 
