@@ -107,14 +107,19 @@ def measure_pair(model_name: str, attention: str, opts: PrecisionOptions) -> dic
     cfg = model.cfg
     x = torch.randn(opts.batch, cfg.in_chans, cfg.img_size, cfg.img_size)
     y = torch.randint(0, cfg.num_classes, (opts.batch,))
-    runners = {mode: TrainSteps(model, mode, x, y, opts.compile_backend) for mode in MODES}
-    for runner in runners.values():
-        timed(runner.step, opts.warmup)
-    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+    runners = {}
+    for mode in MODES:  # a mode that fails (e.g. a compiler error) is reported; the others still run
+        try:
+            runners[mode] = TrainSteps(model, mode, x, y, opts.compile_backend)
+            timed(runners[mode].step, opts.warmup)
+        except Exception as exc:  # noqa: BLE001 - the table names the failure instead of losing the run
+            runners.pop(mode, None)
+            row[mode] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+    seconds: dict[str, list[float]] = {mode: [] for mode in runners}
     for _ in range(opts.rounds):
         for mode, runner in runners.items():
             seconds[mode].append(timed(runner.step, opts.steps))
-    for mode in MODES:
+    for mode in runners:
         row[mode] = opts.batch * opts.steps / statistics.median(seconds[mode])
     return row
 
@@ -137,6 +142,16 @@ def measure(opts: PrecisionOptions, on_row: Optional[Callable[[dict[str, Any]], 
     return rows
 
 
+def _rate(value: Any) -> str:
+    """Images/s with one decimal, or the failure text of a mode."""
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _ratio(value: Any, fp32: Any) -> str:
+    """Speed-up over fp32 (blank where either mode failed)."""
+    return f"{value / fp32:.2f}" if isinstance(value, float) and isinstance(fp32, float) else ""
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table: images/s per mode and the speed-ups over fp32."""
     lines = ["| model | attention | fp32 img/s | bf16-mixed img/s | compile img/s | bf16 × | compile × |",
@@ -145,9 +160,8 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['model']} | {r['attention']} | {r['status']} | | | | |")
             continue
-        fp32, bf16, comp = r["fp32"], r["bf16-mixed"], r["compile"]
-        lines.append(f"| {r['model']} | {r['attention']} | {fp32:.1f} | {bf16:.1f} | {comp:.1f} | "
-                     f"{bf16 / fp32:.2f} | {comp / fp32:.2f} |")
+        cells = [_rate(r[m]) for m in MODES] + [_ratio(r[m], r["fp32"]) for m in MODES[1:]]
+        lines.append(f"| {r['model']} | {r['attention']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from vitzoo.bench.memory import PeakMemory
 from vitzoo.export import export_model
 from vitzoo.flops import count_flops
 from vitzoo.registry import ConfigError
@@ -26,7 +27,7 @@ from vitzoo.training.module import VitModule
 from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, previous_status,
                                     resolve_ckpt_path, say, write_export)
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
-from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line, peak_memory_mb,
+from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line,
                                    read_checkpoint, trainer_throughput, write_traceback)
 
 
@@ -126,7 +127,10 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     trainer: pl.Trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", callbacks=callbacks,
                                            logger=instantiate_all(cfg.get("logger"), "logger") or False,
                                            plugins=[AtomicCheckpointIO()])
+    memory = PeakMemory(trainer.strategy.root_device)  # this run's training peak, also within a multirun
+    memory.start()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+    train_peak_mb = memory.peak_mb()
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
@@ -140,7 +144,7 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     final = results.update(
         status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),
         val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,
-        peak_memory_mb=peak_memory_mb(trainer.strategy.root_device), epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
+        peak_memory_mb=train_peak_mb, epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
         export_dir=str(export_dir) if export_dir else None, wall_s=time.perf_counter() - start, output_dir=str(out_dir))
     if rank_zero_only.rank == 0:
         console.print(f"[bold]{cfg.model.name} + {cfg.attention.name} on {cfg.data.name}[/]: val acc {final['best_val_acc']:.4f} "
