@@ -302,3 +302,8 @@ def test_non_rgb_jpeg_is_converted(tmp_path):
 
 def test_catalogue_is_large_enough():
     assert len(BAD_INPUTS) + len(HOSTILE_CKPT) + len(HOSTILE_EXPORT) >= 25 and len(BAD_INPUTS) >= 25
+
+
+@pytest.mark.parametrize("sweep", ["attention=glob(*)", "attention=glob(*,exclude=global)", "attention=global,window"])
+def test_group_sweeps_over_existing_options_pass_the_command_line_check(sweep):
+    check_group_choices(["-m", sweep])  # the documented `'attention=glob(*)'` sweeps must not be rejected

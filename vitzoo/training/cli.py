@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 
 from vitzoo.configs import CONFIG_DIR
 from vitzoo.registry import ConfigError
@@ -32,6 +33,8 @@ def check_group_choices(args: Sequence[str]) -> None:
         if group.startswith("hydra") or not (CONFIG_DIR / group).is_dir() or override.is_delete():
             continue
         choices = group_choices(group)
+        if override.value_type == ValueType.GLOB_CHOICE_SWEEP:  # glob(*) picks among existing options only
+            continue
         values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
         for value in values:
             if value is not None and str(value) not in choices:
