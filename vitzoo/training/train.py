@@ -127,7 +127,9 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     trainer: pl.Trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", callbacks=callbacks,
                                            logger=instantiate_all(cfg.get("logger"), "logger") or False,
                                            plugins=[AtomicCheckpointIO()])
-    memory = PeakMemory(trainer.strategy.root_device)  # this run's training peak, also within a multirun
+    # the training peak over the resident size before fit (CPU: VmHWM reset here). In a CPU multirun later jobs
+    # start with memory the allocator kept from earlier ones: memory tables run one process per job
+    memory = PeakMemory(trainer.strategy.root_device)
     memory.start()
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     train_peak_mb = memory.peak_mb()
