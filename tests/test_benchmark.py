@@ -296,3 +296,16 @@ def test_sweep_covers_every_backend():
             assert cfg.hydra.sweeper.params.attention == "glob(*)"
             assert cfg.model.name == "vit_cifar" and cfg.data.name == data and cfg.task_name == name
     assert sweep_command("zoo_digits").endswith("attention=" + ",".join(list_attention()))
+
+
+def test_time_fns_fixed_calls_per_block_alternate():
+    """``iters`` fixes the calls per block (precision table, data-speed check); blocks alternate A B B A."""
+    import torch
+
+    from vitzoo.bench.timing import time_fns
+
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    timings = time_fns(fns, torch.device("cpu"), warmup=2, repeats=2, max_time=0, iters=3)
+    assert [t.iters for t in timings.values()] == [3, 3] and [len(t.seconds) for t in timings.values()] == [2, 2]
+    assert "".join(calls) == "aabb" + "aaa" + "bbb" + "bbb" + "aaa"

@@ -2,14 +2,12 @@
 cache, batched augmentation on the device) against the same model fed in-memory tensors already on the device.
 
 Both arms run the same training step (forward, cross entropy, backward, AdamW) at the same batch size in one
-process, in alternating blocks (A B A B …) so that clock boosts, thermal state and other load hit both alike;
+process, in alternating blocks (A B B A …) so that clock boosts, thermal state and other load hit both alike;
 the median block of each arm gives its images/s. ``ratio`` = pipeline / in-memory (goal: at least 0.95).
 """
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -17,6 +15,7 @@ import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from omegaconf import OmegaConf
 
+from vitzoo.bench.timing import time_fns
 from vitzoo.registry import ConfigError
 
 
@@ -47,11 +46,6 @@ def endless(loader: Any) -> Iterator[Any]:
     """The loader's batches, epoch after epoch."""
     while True:
         yield from loader
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure(experiment: str = "cifar10_vit", overrides: Sequence[str] = (), blocks: int = 6, steps: int = 50,
@@ -97,17 +91,6 @@ def measure(experiment: str = "cifar10_vit", overrides: Sequence[str] = (), bloc
     x = torch.randn(batch_size, 3, dm.img_size, dm.img_size, device=dev)
     y = torch.randint(0, dm.num_classes, (batch_size,), device=dev)
     arms = {"pipeline": pipeline_step, "tensors": lambda: step(x, y)}
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for run in arms.values():
-        for _ in range(warmup):
-            run()
-    for _ in range(blocks):
-        for name, run in arms.items():
-            sync(dev)
-            start = time.perf_counter()
-            for _ in range(steps):
-                run()
-            sync(dev)
-            times[name].append(time.perf_counter() - start)
-    pipeline, tensors = (steps * batch_size / statistics.median(times[n]) for n in ("pipeline", "tensors"))
+    timings = time_fns(arms, dev, warmup=warmup, repeats=blocks, max_time=0, iters=steps)  # alternating (ABBA)
+    pipeline, tensors = (batch_size / timings[n].median for n in ("pipeline", "tensors"))
     return SpeedResult(pipeline, tensors, pipeline / tensors, batch_size, str(dev))

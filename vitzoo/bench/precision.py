@@ -2,13 +2,11 @@
 
 The modes of one (model, backend) pair are measured in one process, interleaved: after each mode's
 warm-up (which includes compilation), ``rounds`` blocks of ``steps`` timed training steps run in
-the order fp32, bf16-mixed, compile, fp32, ... so that a change in machine load hits every mode
-alike; a mode's figure is the median over its blocks. ``scripts/precision_table.py`` is the CLI.
+alternating order (fp32, bf16-mixed, compile, then reversed: :func:`vitzoo.bench.timing.time_fns`)
+so that a change in machine load hits every mode alike; a mode's figure is the median over its blocks. ``scripts/precision_table.py`` is the CLI.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -17,6 +15,7 @@ import torch
 from torch import nn
 
 from vitzoo.attention._kernel import redraw_random_features
+from vitzoo.bench.timing import time_fns
 from vitzoo.models import create_model, model_config
 from vitzoo.registry import ConfigError
 
@@ -82,14 +81,6 @@ class TrainSteps:
         self.opt.step()
 
 
-def timed(fn: Callable[[], None], steps: int) -> float:
-    """Seconds for ``steps`` calls of ``fn``."""
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return time.perf_counter() - start
-
-
 def measure_pair(model_name: str, attention: str, opts: PrecisionOptions) -> dict[str, Any]:
     """Images/s of every mode for one model and backend (``status`` says why a pair could not run).
 
@@ -111,16 +102,14 @@ def measure_pair(model_name: str, attention: str, opts: PrecisionOptions) -> dic
     for mode in MODES:  # a mode that fails (e.g. a compiler error) is reported; the others still run
         try:
             runners[mode] = TrainSteps(model, mode, x, y, opts.compile_backend)
-            timed(runners[mode].step, opts.warmup)
+            runners[mode].step()  # the first step compiles
         except Exception as exc:  # noqa: BLE001 - the table names the failure instead of losing the run
             runners.pop(mode, None)
             row[mode] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
-    seconds: dict[str, list[float]] = {mode: [] for mode in runners}
-    for _ in range(opts.rounds):
-        for mode, runner in runners.items():
-            seconds[mode].append(timed(runner.step, opts.steps))
-    for mode in runners:
-        row[mode] = opts.batch * opts.steps / statistics.median(seconds[mode])
+    if runners:  # alternating blocks (ABBA) of `steps` timed steps after `warmup` untimed ones
+        timings = time_fns({m: r.step for m, r in runners.items()}, torch.device("cpu"), warmup=opts.warmup,
+                           repeats=opts.rounds, max_time=0, iters=opts.steps)
+        row.update({mode: opts.batch / t.median for mode, t in timings.items()})
     return row
 
 

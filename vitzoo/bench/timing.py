@@ -5,7 +5,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -72,7 +72,7 @@ def _warm_up(fn: Callable[[], Any], device: torch.device, warmup: int, max_time:
 
 
 def time_fns(fns: Mapping[str, Callable[[], Any]], device: torch.device, warmup: int = 3, repeats: int = 5,
-             min_time: float = 0.5, max_time: float = 60.0) -> dict[str, Timing]:
+             min_time: float = 0.5, max_time: float = 60.0, iters: Optional[int] = None) -> dict[str, Timing]:
     """Time one function, or several in alternating blocks (ABBA order), after a warm-up.
 
     Args:
@@ -83,10 +83,12 @@ def time_fns(fns: Mapping[str, Callable[[], Any]], device: torch.device, warmup:
         repeats: timed blocks per function.
         min_time: target seconds per block (sets the calls per block, the same for all functions).
         max_time: cap on the seconds of all blocks together; lowers ``repeats`` (to 3 at least).
+        iters: calls per block, fixed (None: calibrated from ``min_time``).
     """
     per_call = {name: _warm_up(fn, device, warmup, max_time) for name, fn in fns.items()}
     slowest = max(per_call.values())
-    iters = max(1, int(min_time / max(slowest, 1e-9))) if min_time > 0 else 1
+    if iters is None:
+        iters = max(1, int(min_time / max(slowest, 1e-9))) if min_time > 0 else 1
     block = sum(per_call.values()) * iters
     reps = repeats
     if max_time and block * repeats > max_time:
