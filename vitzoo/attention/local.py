@@ -13,8 +13,10 @@ default builds on Swin's 4×4 stage. A kernel larger than the grid is an error (
 ``attention.kernel_size`` must be odd and at most the grid's shorter side.
 
 Prefix tokens (ViT's class token) are global: they attend to every token, and every token attends
-to them on top of its k² neighbours. Keys and values are gathered with precomputed index buffers
-and scored as ``[B, h, H·W, 1, k²]``; see :mod:`vitzoo.attention._sparse`.
+to them on top of its k² neighbours. The fast path is blocked (halo) attention: blocks of queries
+score the K keys of their halo with dense matmuls and an exact mask (each query keeps its k²
+neighbours), ``[B, h, blocks, S, P + K]``; see :mod:`vitzoo.attention._halo`. Every query slot
+scores all K halo keys, so the cost counts K (not k²) keys per query.
 """
 from __future__ import annotations
 
@@ -49,16 +51,16 @@ class DilatedConfig:
 class LocalAttention(NeighbourhoodAttention):
     """Neighbourhood attention over k×k tokens.
 
-    Its cost is :attr:`formula` with L = H·W grid tokens and P prefix tokens (without a class
-    token: ``4NC² + 2k²NC``): grid queries score k² neighbours plus P prefix keys, prefix queries
-    score all N keys.
+    Its cost is :attr:`formula` with P prefix tokens, L_b query slots of the blocked grid (H·W plus
+    padding) and K_b halo keys per block: every grid query slot scores its block's K_b halo keys
+    (masked to its k² neighbours) plus P prefix keys, prefix queries score all N keys.
 
     Args:
         cfg: :class:`LocalConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 2k²LC + 2P(L + N)C"
+    formula = "4NC² + 2(K_b + P)L_bC + 2PNC"
 
     def __init__(self, cfg: LocalConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -68,7 +70,8 @@ class LocalAttention(NeighbourhoodAttention):
         return [(self.num_heads, Neighbourhood(self.cfg.kernel_size, getattr(self.cfg, "dilation", 1)))]
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "k": self.cfg.kernel_size}
+        nbhd = self.head_patterns(grid or self.grid)[0][1]
+        return {**super().symbols(grid), "k": self.cfg.kernel_size, **self.halo_symbols(grid, nbhd, "b")}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, dilation={self.dilation_at()}"
@@ -78,7 +81,8 @@ class LocalAttention(NeighbourhoodAttention):
 class DilatedAttention(LocalAttention):
     """Dilated neighbourhood attention: k×k keys spaced δ apart (δ fitted per axis to the grid).
 
-    Its cost is :attr:`formula`, the same as ``local`` (k² keys per grid query).
+    Its cost is :attr:`formula`, as ``local``; blocks and halos are cut per dilation sub-lattice,
+    so a halo holds only keys of its queries' sub-lattice.
 
     Args:
         cfg: :class:`DilatedConfig`.
