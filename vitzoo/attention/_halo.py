@@ -40,7 +40,7 @@ BLOCK = 4  # query block side b (per axis, clipped to the sub-lattice): small sc
 def axis_runs(n: int, dilation: int, block: int) -> list[Tensor]:
     """Query blocks along one axis: runs of at most ``block`` consecutive positions of each sub-lattice."""
     runs = []
-    for residue in range(dilation):
+    for residue in range(min(dilation, n)):
         pos = torch.arange(residue, n, dilation)  # one sub-lattice
         runs += [pos[s:s + block] for s in range(0, pos.numel(), block)]
     return runs
