@@ -62,10 +62,11 @@ class SparsePattern(nn.Module):
 
     Args:
         grid: (H, W).
-        groups: head groups in head order (heads sum to h).
+        groups: head groups in head order (heads sum to h): :class:`HeadGroup` (gathered keys or
+            dense heads) or :class:`~vitzoo.attention._halo.HaloGroup` (blocked neighbourhood heads).
         padded: grid the ids in ``keys``/``queries`` refer to (the grid padded to whole blocks).
-        queries: ``[Q, S]`` padded ids of the grid queries of each group; None: every grid token is
-            its own group (Q = H·W, S = 1).
+        queries: ``[Q, S]`` padded ids of the grid queries of each gathered group (BigBird's blocks);
+            None: outputs come in raster order, one per grid token (Q = H·W, S = 1).
         global_grid: ``[G]`` raster ids of grid tokens that are global (their queries attend to
             every key, every query attends to their keys); None: none.
     """
@@ -257,12 +258,8 @@ class SparsePatternAttention(QKVAttention):
     def gathered(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern, group: HeadGroup, k_glob: Tensor,
                  v_glob: Tensor) -> Tensor:
         """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]`` (see :func:`gathered_attention`)."""
-        grid = pat.grid
-        k_pad, v_pad = pad_grid(k, grid, pat.padded), pad_grid(v, grid, pat.padded)  # [B, h, L', d]
-        if pat.queries is None:
-            q_groups = q.unsqueeze(3)  # [B, h, L, 1, d]
-        else:
-            q_groups = gather_tokens(pad_grid(q, grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
+        k_pad, v_pad = pad_grid(k, pat.grid, pat.padded), pad_grid(v, pat.grid, pat.padded)  # [B, h, L', d]
+        q_groups = gather_tokens(pad_grid(q, pat.grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
         return gathered_attention(q_groups, k_pad, v_pad, group.keys, group.valid, k_glob, v_glob, self.scale,
                                   self.attn_drop)
 
