@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import backends, make_attention
+from vitzoo.attention import ConfigError
 from vitzoo.attention._halo import HaloGroup, axis_plan
 from vitzoo.attention._neighbourhood import axis_mask
 from vitzoo.attention._sparse import SparsePatternAttention
@@ -87,3 +88,26 @@ def test_every_query_depends_on_its_whole_pattern(name, prefix):
         (grad,) = torch.autograd.grad(out[0, prefix + i].sum(), x, retain_graph=True)
         reached = grad[0, prefix:].abs().sum(-1) > 0  # [L]
         assert bool(reached[allowed[i]].all()), f"{name}: query {i} misses keys {(allowed[i] & ~reached).nonzero()}"
+
+
+@pytest.mark.parametrize("grid,prefix,kernel", [((8, 8), 1, 3), ((5, 7), 0, 5), ((4, 4), 0, 3)])
+def test_local_relative_position_bias_matches_reference(grid, prefix, kernel):
+    """NAT's (2k-1)² bias per head: fast path = dense reference; no extra counted FLOPs; the table learns."""
+    torch.manual_seed(0)
+    attn = make_attention("local", grid, prefix, kernel_size=kernel, rel_pos_bias=True).double().eval()
+    plain = make_attention("local", grid, prefix, kernel_size=kernel)
+    assert attn.rel_pos_bias.shape == (4, 2 * kernel - 1, 2 * kernel - 1) and attn.flops(grid) == plain.flops(grid)
+    with torch.no_grad():
+        attn.rel_pos_bias.normal_()  # a table far from zero
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, grid), attn.reference(x, grid), rtol=1e-6, atol=1e-8)
+    attn(x, grid).sum().backward()
+    assert attn.rel_pos_bias.grad is not None and attn.rel_pos_bias.grad.abs().sum() > 0
+
+
+def test_relative_position_bias_is_a_bool_option():
+    with pytest.raises(ConfigError, match=r"attention.rel_pos_bias must be true or false"):
+        make_attention("local", (8, 8), 0, rel_pos_bias=1)
+    assert make_attention("local", (8, 8), 0).rel_pos_bias is None and "rel_pos_bias" not in dict(
+        make_attention("local", (8, 8), 0).named_parameters())

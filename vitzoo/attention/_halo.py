@@ -22,7 +22,7 @@ attends with dense matmuls to its halo: keys that cover every key of every query
 
 Keys and values are cut with two ``index_select`` (rows, then columns): about
 ``(hb_H·hb_W)/(b_H·b_W)`` copies of K and V instead of k². Global keys (prefix and learned
-tokens) join every block's scores, as in :func:`vitzoo.attention._sparse.gathered_attention`.
+tokens) join every block's scores, as in :func:`vitzoo.attention._gather.gathered_attention`.
 """
 from __future__ import annotations
 
@@ -95,6 +95,12 @@ def axis_plan(n: int, kernel: int, dilation: int, border: str,
     return queries, halo, member.any(dim=-1), inverse
 
 
+def axis_offsets(queries: Tensor, halo: Tensor, kernel: int, dilation: int) -> Tensor:
+    """``[m, b, hb]`` relative position ``(key - query) / δ + k - 1`` in ``0..2k-2`` (clamped where masked)."""
+    offset = torch.div(halo[:, None, :] - queries[:, :, None], dilation, rounding_mode="floor")  # [m, b, hb]
+    return (offset + kernel - 1).clamp(0, 2 * kernel - 2)
+
+
 class HaloGroup(nn.Module):
     """Index and mask buffers of one neighbourhood head group at one grid.
 
@@ -104,9 +110,11 @@ class HaloGroup(nn.Module):
         kernel: neighbourhood side k.
         dilation: per-axis dilation (δ_H, δ_W), already fitted to the grid.
         border: ``"shift"`` or ``"mask"``.
+        offsets: also build ``rel[blocks, S, K]``, each (query, halo slot)'s index into a
+            ``(2k-1)²`` relative-position table (NAT's bias), or not.
     """
 
-    def __init__(self, heads: int, grid: Grid, kernel: int, dilation: Grid, border: str):
+    def __init__(self, heads: int, grid: Grid, kernel: int, dilation: Grid, border: str, offsets: bool = False):
         super().__init__()
         self.heads = heads
         rows_q, rows_k, rows_mask, rows_inv = axis_plan(grid[0], kernel, dilation[0], border)
@@ -114,6 +122,13 @@ class HaloGroup(nn.Module):
         mask = rows_mask[:, None, :, None, :, None] & cols_mask[None, :, None, :, None, :]  # [m_H, m_W, b_H, b_W, hb_H, hb_W]
         (mh, bh), (mw, bw) = rows_q.shape, cols_q.shape
         self.register_buffer("mask", mask.reshape(mh * mw, bh * bw, -1), persistent=False)  # [blocks, S, K]
+        rel = None
+        if offsets:
+            rel_h = axis_offsets(rows_q, rows_k, kernel, dilation[0])  # [m_H, b_H, hb_H]
+            rel_w = axis_offsets(cols_q, cols_k, kernel, dilation[1])  # [m_W, b_W, hb_W]
+            rel = rel_h[:, None, :, None, :, None] * (2 * kernel - 1) + rel_w[None, :, None, :, None, :]
+            rel = rel.reshape(mh * mw, bh * bw, -1)  # [m_H, m_W, b_H, b_W, hb_H, hb_W] -> [blocks, S, K]
+        self.register_buffer("rel", rel, persistent=False)
         for name, t in [("rows_q", rows_q), ("cols_q", cols_q), ("rows_k", rows_k.clamp(min=0)),
                         ("cols_k", cols_k.clamp(min=0)), ("rows_inv", rows_inv), ("cols_inv", cols_inv)]:
             self.register_buffer(name, t, persistent=False)
@@ -145,8 +160,8 @@ def paste_blocks(o: Tensor, group: HaloGroup) -> Tensor:
     return o.flatten(2, 3)  # [B, h, H, W, d] -> [B, h, H·W, d]
 
 
-def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid, k_glob: Tensor,
-                   v_glob: Tensor, scale: float, drop: Optional[nn.Module] = None) -> Tensor:
+def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid, k_glob: Tensor, v_glob: Tensor,
+                   scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None) -> Tensor:
     """Softmax attention of each query block over its halo (masked to each query's keys) plus the global keys.
 
     Args:
@@ -156,6 +171,7 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid
         k_glob, v_glob: ``[B, h, G, d]`` keys/values every query attends to (G may be 0).
         scale: 1/√d.
         drop: dropout on the attention weights, or None.
+        bias: additive ``[h, blocks, S, K]`` halo scores (relative positions), or None.
 
     Returns:
         ``[B, h, H·W, d]``.
@@ -167,6 +183,8 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid
     k_blk, v_blk = cut_blocks(k, group.rows_k, group.cols_k), cut_blocks(v, group.rows_k, group.cols_k)  # [.., K, d]
     nb, S, K = group.mask.shape
     scores = (q_blk @ k_blk.transpose(-1, -2)) * scale  # QKᵀ over the halo: [B, h, blocks, S, K]
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~group.mask, float("-inf"))
     if G:
         q_flat = q_blk.reshape(B, h, nb * S, d)  # [B, h, blocks·S, d]

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
+from vitzoo.attention._gather import gather_tokens, gathered_attention, pad_grid
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -98,57 +99,6 @@ class SparsePattern(nn.Module):
         if self.queries is None:
             return self.grid[0] * self.grid[1], 1
         return tuple(self.queries.shape)
-
-
-# ------------------------------------------------------------------------------------- kernels
-def gather_tokens(x: Tensor, index: Tensor) -> Tensor:
-    """``x[B, h, L, d]`` gathered along tokens by ``index[Q, K]`` -> ``[B, h, Q, K, d]``."""
-    B, h, _, d = x.shape
-    return x.index_select(2, index.flatten()).view(B, h, *index.shape, d)  # [B, h, Q·K, d] -> [B, h, Q, K, d]
-
-
-def pad_grid(x: Tensor, grid: Grid, padded: Grid) -> Tensor:
-    """``x[B, h, H·W, d]`` zero-padded at the bottom/right to ``[B, h, H'·W', d]``."""
-    if tuple(padded) == tuple(grid):
-        return x
-    (H, W), (Hp, Wp) = grid, padded
-    B, h, _, d = x.shape
-    x = F.pad(x.reshape(B, h, H, W, d), (0, 0, 0, Wp - W, 0, Hp - H))  # [B, h, H', W', d]
-    return x.reshape(B, h, Hp * Wp, d)  # [B, h, L', d]
-
-
-def gathered_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, valid: Optional[Tensor],
-                       k_glob: Tensor, v_glob: Tensor, scale: float, drop: nn.Module) -> Tensor:
-    """Softmax attention of query groups over their gathered keys plus the global keys.
-
-    Args:
-        q: ``[B, h, Q, S, d]`` queries in Q groups of S.
-        k, v: ``[B, h, L', d]`` grid keys/values (padded grid).
-        keys: ``[Q, K]`` ids into ``k``/``v`` of each group's keys.
-        valid: ``[Q, K]`` booleans or None.
-        k_glob, v_glob: ``[B, h, G, d]`` keys/values every query attends to (G may be 0).
-        scale: 1/√d.
-        drop: dropout on the attention weights.
-
-    Returns:
-        ``[B, h, Q, S, d]``.
-    """
-    B, h, Q, S, d = q.shape
-    K, G = keys.shape[1], k_glob.shape[2]
-    k_loc, v_loc = gather_tokens(k, keys), gather_tokens(v, keys)  # [B, h, Q, K, d]
-    scores = (q @ k_loc.transpose(-1, -2)) * scale  # [B, h, Q, S, K]
-    if valid is not None:
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))  # valid [Q, 1, K]
-    if G:
-        q_flat = q.reshape(B, h, Q * S, d)  # [B, h, Q·S, d]
-        scores_glob = (q_flat @ k_glob.transpose(-1, -2)) * scale  # [B, h, Q·S, G]
-        scores = torch.cat([scores_glob.view(B, h, Q, S, G), scores], dim=-1)  # [B, h, Q, S, G + K]
-    attn = drop(scores.softmax(dim=-1))
-    attn_glob, attn_loc = attn.split([G, K], dim=-1)
-    out = attn_loc @ v_loc  # [B, h, Q, S, d]
-    if G:
-        out = out + (attn_glob.reshape(B, h, Q * S, G) @ v_glob).view(B, h, Q, S, d)  # [B, h, Q·S, d] -> groups
-    return out
 
 
 # ----------------------------------------------------------------------------------- base class
@@ -243,7 +193,8 @@ class SparsePatternAttention(QKVAttention):
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
                 outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, grid, k_glob[:, hs],
-                                           v_glob[:, hs], self.scale, self.attn_drop).unsqueeze(3))
+                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
+                            .unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
@@ -286,6 +237,14 @@ class SparsePatternAttention(QKVAttention):
                 flops += 2 * group.heads * Q * S * (group.keys.shape[1] + n_glob) * d
         return flops
 
+    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
+        """Additive ``[heads, blocks, S, K]`` scores of a halo group's heads; None: no bias (overridden by ``local``)."""
+        return None
+
+    def grid_bias(self, grid: Grid) -> Optional[Tensor]:
+        """Additive ``[h, L, L]`` grid-to-grid scores for :meth:`reference`; None: no bias."""
+        return None
+
     def full_mask(self, grid: Grid) -> Tensor:
         """Boolean ``[h or 1, P + L, P + g + L]`` of the whole pattern (queries: real tokens only)."""
         P, g, L = self.num_prefix, self.num_learned, grid[0] * grid[1]
@@ -307,7 +266,11 @@ class SparsePatternAttention(QKVAttention):
             _, k_t, v_t = self.split_heads(state)  # [B, h, g, d]
             k = torch.cat([k[:, :, :P], k_t, k[:, :, P:]], dim=2)  # [B, h, P + g + L, d]
             v = torch.cat([v[:, :, :P], v_t, v[:, :, P:]], dim=2)
-        out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device))
+        bias, inner = None, self.grid_bias(grid)
+        if inner is not None:
+            bias = inner.new_zeros(inner.shape[0], q.shape[2], k.shape[2])  # [h, P + L, P + g + L]
+            bias[:, P:, P + g:] = inner
+        out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device), bias=bias)
         return self.merge_heads(out)
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
@@ -321,6 +284,8 @@ class NeighbourhoodAttention(SparsePatternAttention):
     Subclasses implement :meth:`head_patterns`: ``[(heads, Neighbourhood or None), ...]``.
     """
 
+    uses_offsets = False  # halo groups build relative-position indices (``local`` with ``rel_pos_bias``)
+
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:  # pragma: no cover
         raise NotImplementedError
 
@@ -328,7 +293,7 @@ class NeighbourhoodAttention(SparsePatternAttention):
         groups = []
         for heads, nbhd in self.head_patterns(grid):
             if heads:
-                groups.append(halo_group(heads, grid, nbhd) if nbhd is not None else HeadGroup(heads))
+                groups.append(halo_group(heads, grid, nbhd, self.uses_offsets) if nbhd is not None else HeadGroup(heads))
         return SparsePattern(grid, groups)
 
     def grid_mask(self, grid: Grid) -> Tensor:
@@ -372,9 +337,9 @@ class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
         return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, num_global={self.num_learned}"
 
 
-def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood) -> HaloGroup:
-    """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid``."""
-    return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border)
+def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood, offsets: bool = False) -> HaloGroup:
+    """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid`` (``offsets``: see :class:`HaloGroup`)."""
+    return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border, offsets)
 
 
 def check_num_global_option(cfg: Any) -> None:

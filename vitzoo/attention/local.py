@@ -17,24 +17,36 @@ to them on top of its k² neighbours. The fast path is blocked (halo) attention:
 score the K keys of their halo with dense matmuls and an exact mask (each query keeps its k²
 neighbours), ``[B, h, blocks, S, P + K]``; see :mod:`vitzoo.attention._halo`. Every query slot
 scores all K halo keys, so the cost counts K (not k²) keys per query.
+
+``attention.rel_pos_bias`` adds NAT's relative position bias: a learned ``(2k−1)×(2k−1)`` table
+per head indexed by the key's offset from the query, added to the neighbourhood scores (not to the
+prefix keys). The reference adds the same table densely.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+from timm.layers import trunc_normal_
+from torch import Tensor, nn
+
 from vitzoo.attention import register_attention
 from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
+from vitzoo.attention._halo import HaloGroup
 from vitzoo.attention._sparse import NeighbourhoodAttention
-from vitzoo.attention.base import Grid, MixerContext, check_positive
+from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 
 
 @dataclass
 class LocalConfig:
     kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
+    rel_pos_bias: bool = False  # NAT's relative position bias: a learned (2k-1)² table per head on the scores
 
     def __post_init__(self):
         check_odd_kernel(self)
+        check(isinstance(self.rel_pos_bias, bool), f"attention.rel_pos_bias must be true or false "
+                                                   f"(got {self.rel_pos_bias!r})")
 
 
 @dataclass
@@ -64,7 +76,29 @@ class LocalAttention(NeighbourhoodAttention):
 
     def __init__(self, cfg: LocalConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
+        self.uses_offsets = getattr(cfg, "rel_pos_bias", False)  # DilatedConfig has no such option
+        self.rel_pos_bias = None
+        if self.uses_offsets:
+            span = 2 * cfg.kernel_size - 1
+            self.rel_pos_bias = nn.Parameter(torch.zeros(self.num_heads, span, span))  # [h, 2k-1, 2k-1]
+            trunc_normal_(self.rel_pos_bias, std=0.02)
         self.setup()
+
+    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
+        """The relative position bias of each (query slot, halo slot): ``[heads, blocks, S, K]``."""
+        if self.rel_pos_bias is None:
+            return None
+        return self.rel_pos_bias[heads].flatten(1)[:, group.rel]  # [heads, (2k-1)²] -> [heads, blocks, S, K]
+
+    def grid_bias(self, grid: Grid) -> Optional[Tensor]:
+        """Reference: the bias of every (grid query, grid key) pair from their coordinates, ``[h, L, L]``."""
+        if self.rel_pos_bias is None:
+            return None
+        k, (H, W), (dh, dw) = self.cfg.kernel_size, grid, self.dilation_at(grid)
+        rows = ((torch.arange(H)[None, :] - torch.arange(H)[:, None]) // dh + k - 1).clamp(0, 2 * k - 2)  # [H, H]
+        cols = ((torch.arange(W)[None, :] - torch.arange(W)[:, None]) // dw + k - 1).clamp(0, 2 * k - 2)  # [W, W]
+        bias = self.rel_pos_bias[:, rows[:, None, :, None], cols[None, :, None, :]]  # [h, H, W, H, W]
+        return bias.reshape(self.num_heads, H * W, H * W)
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         return [(self.num_heads, Neighbourhood(self.cfg.kernel_size, getattr(self.cfg, "dilation", 1)))]
