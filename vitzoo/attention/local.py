@@ -32,8 +32,8 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._halo import HaloGroup
+from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._sparse import NeighbourhoodAttention
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 

@@ -8,7 +8,7 @@ Three parts, as in Longformer:
 
 * sliding window: each grid token attends to the k×k window centred on it. Unlike ``local``, the
   window does not shift at the border: keys outside the grid are masked (Longformer pads), so
-  border tokens see fewer keys while the cost stays k² per token;
+  border tokens see fewer keys while the cost (halo keys per query) does not shrink;
 * dilated windows on ``attention.dilated_heads`` of the heads: k×k keys spaced δ apart, centred
   and masked the same way (δ shrinks per axis to ``side // k`` on small grids, DiNAT's rule);
 * global tokens: the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
