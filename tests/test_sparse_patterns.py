@@ -113,12 +113,16 @@ def test_bigbird_random_blocks_are_seeded_stored_and_reloaded():
     assert torch.equal(a.random_blocks, b.random_blocks) and "random_blocks" in a.state_dict()
     c = build_attention({"name": "bigbird"}, MixerContext(32, 4, (16, 16), 0, layer_index=3))
     assert not torch.equal(a.random_blocks, c.random_blocks)
-    # 8x8 blocks of 2x2, block 0 global: 63 query blocks, each 2 random blocks outside its 3x3 window
+    # 8x8 blocks of 2x2, block 0 global: 63 query blocks, each 2 random blocks outside its 3x3 window,
+    # drawn per head (one head group each)
+    assert a.random_blocks.shape == (4, 64, 2) and len(a.pattern.groups) == 4
     assert a.pattern.groups[0].keys.shape == (63, (9 + 2) * 4)
+    assert not torch.equal(a.random_blocks[0], a.random_blocks[1])
     window, _ = neighbourhood_index((8, 8), (3, 3))
-    for qb in range(1, 64):
-        picked = set(a.random_blocks[qb].tolist())
-        assert len(picked) == 2 and not picked & (set(window[qb].tolist()) | {0})
+    for head in range(4):
+        for qb in range(1, 64):
+            picked = set(a.random_blocks[head, qb].tolist())
+            assert len(picked) == 2 and not picked & (set(window[qb].tolist()) | {0})
     # loading another draw rebuilds the index buffers: fast path still equals the reference
     a.load_state_dict(c.state_dict())
     a.double().eval()

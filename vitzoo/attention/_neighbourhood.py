@@ -2,7 +2,7 @@
 
 Index tables for Neighborhood Attention (each token's k×k window, shifted inward at the border) and
 dilated / Longformer-style patterns, plus the one-line option checks they share. Pure functions of
-the grid: :mod:`vitzoo.attention._sparse` turns them into index buffers.
+the grid: :mod:`vitzoo.attention._halo` turns them into block, halo and mask buffers.
 """
 from __future__ import annotations
 
@@ -134,9 +134,6 @@ class Neighbourhood:
         """Per-axis dilation at ``grid`` (raises the kernel-size ConfigError if k does not fit)."""
         check_kernel_fits(self.kernel, grid)
         return fit_dilation(self.dilation, self.kernel, grid)
-
-    def index(self, grid: Grid) -> tuple[Tensor, Optional[Tensor]]:
-        return neighbourhood_index(grid, (self.kernel, self.kernel), self.dilations(grid), self.border)
 
     def mask(self, grid: Grid) -> Tensor:
         return neighbourhood_mask(grid, (self.kernel, self.kernel), self.dilations(grid), self.border)

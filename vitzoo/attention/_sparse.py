@@ -4,22 +4,26 @@ Used by ``local``, ``dilated`` (:mod:`vitzoo.attention.local`), ``global_tokens`
 ``bigbird`` and ``multi_pattern``. A pattern is fixed by the grid, so it is built once into index
 buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplies:
 
-* Grid queries come in Q groups of S tokens that share one list of K key tokens (neighbourhood
-  backends: every token is its own group, S = 1, K = k²; BigBird: a b×b block, S = b², K = the
-  attended blocks' tokens). Keys and values are gathered with ``index_select`` and scored by a
-  batched matmul: scores ``[B, h, Q, S, G + K]``, never ``[B, h, N, N]``.
+* Neighbourhood head groups (``local``, ``dilated``, ``global_tokens``, ``longformer``,
+  ``multi_pattern``'s local/dilated heads) run blocked (halo) attention
+  (:mod:`vitzoo.attention._halo`): b×b query blocks score their halo of K keys with dense matmuls
+  and an exact boolean mask, ``[B, h, blocks, S, G + K]``.
+* BigBird's grid queries come in Q blocks of S tokens that share one list of K key tokens,
+  gathered with ``index_select``: scores ``[B, h, Q, S, G + K]``. Never ``[B, h, N, N]``.
 * G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
   tokens and BigBird's global blocks.
 * Global queries (prefix tokens, tokens of BigBird's global blocks) attend to every key through
   SDPA: ``P + G`` rows of length N, still linear in N.
-* Gathered keys that must not count (outside the grid under Longformer's border rule, padding
-  tokens, blocks already covered) are masked with ``-inf`` before the softmax; they are still
-  computed and counted in ``flops``.
+* Keys that must not count (outside the grid under Longformer's border rule, padding tokens,
+  blocks already covered, halo slots outside a query's neighbourhood) are masked with ``-inf``
+  before the softmax; they are still computed and counted in ``flops``.
 
-Learned global tokens are parameters of each layer: the host carries only ``P + H·W`` tokens from
-layer to layer, so a learned token's own output would be discarded. Only its key and value
-(``2gC²``) are computed; its query row, which would attend to every token, is not. The reference
-appends the learned tokens as ordinary tokens, runs the dense masked formula and drops their rows.
+Learned global tokens (ETC's global memory) read the sequence in every layer: the host carries
+only ``P + H·W`` tokens from layer to layer, so each layer starts from its learned tokens t, whose
+queries attend to every token (g rows of length N); the state ``s = t + read`` then gives the
+keys and values (``2gC²`` per image) that every query attends to. The read's output itself is not
+carried on. The reference computes the same with dense attention and appends the states' keys and
+values as ordinary tokens to a dense masked attention.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
+from vitzoo.attention._gather import gather_tokens, gathered_attention, pad_grid
+from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
                                   sdpa_flops)
@@ -57,10 +63,11 @@ class SparsePattern(nn.Module):
 
     Args:
         grid: (H, W).
-        groups: head groups in head order (heads sum to h).
+        groups: head groups in head order (heads sum to h): :class:`HeadGroup` (gathered keys or
+            dense heads) or :class:`~vitzoo.attention._halo.HaloGroup` (blocked neighbourhood heads).
         padded: grid the ids in ``keys``/``queries`` refer to (the grid padded to whole blocks).
-        queries: ``[Q, S]`` padded ids of the grid queries of each group; None: every grid token is
-            its own group (Q = H·W, S = 1).
+        queries: ``[Q, S]`` padded ids of the grid queries of each gathered group (BigBird's blocks);
+            None: outputs come in raster order, one per grid token (Q = H·W, S = 1).
         global_grid: ``[G]`` raster ids of grid tokens that are global (their queries attend to
             every key, every query attends to their keys); None: none.
     """
@@ -92,57 +99,6 @@ class SparsePattern(nn.Module):
         if self.queries is None:
             return self.grid[0] * self.grid[1], 1
         return tuple(self.queries.shape)
-
-
-# ------------------------------------------------------------------------------------- kernels
-def gather_tokens(x: Tensor, index: Tensor) -> Tensor:
-    """``x[B, h, L, d]`` gathered along tokens by ``index[Q, K]`` -> ``[B, h, Q, K, d]``."""
-    B, h, _, d = x.shape
-    return x.index_select(2, index.flatten()).view(B, h, *index.shape, d)  # [B, h, Q·K, d] -> [B, h, Q, K, d]
-
-
-def pad_grid(x: Tensor, grid: Grid, padded: Grid) -> Tensor:
-    """``x[B, h, H·W, d]`` zero-padded at the bottom/right to ``[B, h, H'·W', d]``."""
-    if tuple(padded) == tuple(grid):
-        return x
-    (H, W), (Hp, Wp) = grid, padded
-    B, h, _, d = x.shape
-    x = F.pad(x.reshape(B, h, H, W, d), (0, 0, 0, Wp - W, 0, Hp - H))  # [B, h, H', W', d]
-    return x.reshape(B, h, Hp * Wp, d)  # [B, h, L', d]
-
-
-def gathered_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, valid: Optional[Tensor],
-                       k_glob: Tensor, v_glob: Tensor, scale: float, drop: nn.Module) -> Tensor:
-    """Softmax attention of query groups over their gathered keys plus the global keys.
-
-    Args:
-        q: ``[B, h, Q, S, d]`` queries in Q groups of S.
-        k, v: ``[B, h, L', d]`` grid keys/values (padded grid).
-        keys: ``[Q, K]`` ids into ``k``/``v`` of each group's keys.
-        valid: ``[Q, K]`` booleans or None.
-        k_glob, v_glob: ``[B, h, G, d]`` keys/values every query attends to (G may be 0).
-        scale: 1/√d.
-        drop: dropout on the attention weights.
-
-    Returns:
-        ``[B, h, Q, S, d]``.
-    """
-    B, h, Q, S, d = q.shape
-    K, G = keys.shape[1], k_glob.shape[2]
-    k_loc, v_loc = gather_tokens(k, keys), gather_tokens(v, keys)  # [B, h, Q, K, d]
-    scores = (q @ k_loc.transpose(-1, -2)) * scale  # [B, h, Q, S, K]
-    if valid is not None:
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))  # valid [Q, 1, K]
-    if G:
-        q_flat = q.reshape(B, h, Q * S, d)  # [B, h, Q·S, d]
-        scores_glob = (q_flat @ k_glob.transpose(-1, -2)) * scale  # [B, h, Q·S, G]
-        scores = torch.cat([scores_glob.view(B, h, Q, S, G), scores], dim=-1)  # [B, h, Q, S, G + K]
-    attn = drop(scores.softmax(dim=-1))
-    attn_glob, attn_loc = attn.split([G, K], dim=-1)
-    out = attn_loc @ v_loc  # [B, h, Q, S, d]
-    if G:
-        out = out + (attn_glob.reshape(B, h, Q * S, G) @ v_glob).view(B, h, Q, S, d)  # [B, h, Q·S, d] -> groups
-    return out
 
 
 # ----------------------------------------------------------------------------------- base class
@@ -192,26 +148,35 @@ class SparsePatternAttention(QKVAttention):
             self._other_grids[key] = self.build_pattern(grid).to(device)
         return self._other_grids[key]
 
-    def learned_kv(self, batch: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values ``[B, h, g, d]`` of the learned global tokens (only k, v: ``2gC²``)."""
-        h, d, C, g = self.num_heads, self.head_dim, self.dim, self.num_learned
+    def learned_kv(self, k: Tensor, v: Tensor, p_drop: float) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[B, h, g, d]`` of the learned global tokens after they read the sequence.
+
+        Args:
+            k, v: ``[B, h, N, d]`` keys and values of every token (prefix and grid).
+            p_drop: attention dropout of the read.
+        """
+        B, h, _, d = k.shape
+        C, g = self.dim, self.num_learned
         if not g:
-            empty = like.new_zeros(batch, h, 0, d)
+            empty = k.new_zeros(B, h, 0, d)
             return empty, empty
-        bias = self.qkv.bias[C:] if self.qkv.bias is not None else None
-        kv = F.linear(self.global_tokens, self.qkv.weight[C:], bias)  # [g, 2C]
-        kv = kv.view(g, 2, h, d).permute(1, 2, 0, 3)  # [2, h, g, d]
-        return kv[0].expand(batch, -1, -1, -1), kv[1].expand(batch, -1, -1, -1)  # [B, h, g, d] each
+        w, bias = self.qkv.weight, self.qkv.bias
+        q_mem = F.linear(self.global_tokens, w[:C], None if bias is None else bias[:C])  # queries: [g, C]
+        q_mem = q_mem.view(g, h, d).transpose(0, 1).expand(B, -1, -1, -1)  # [g, h, d] -> [B, h, g, d]
+        read = sdpa(q_mem, k, v, dropout_p=p_drop)  # g queries over every token: [B, h, g, d]
+        state = self.global_tokens + read.transpose(1, 2).reshape(B, g, C)  # [B, g, C]
+        kv = F.linear(state, w[C:], None if bias is None else bias[C:])  # keys and values: [B, g, 2C]
+        return self.to_heads(kv, 2)  # [B, h, g, d] each
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern."""
         pat = self.pattern_at(grid, q.device)
-        B, P, L = q.shape[0], self.num_prefix, grid[0] * grid[1]
+        P, L = self.num_prefix, grid[0] * grid[1]
         p_drop = self.attn_drop.p if self.training else 0.0
         q_pre, q_grid = q.split([P, L], dim=2)  # [B, h, P, d], [B, h, L, d]
         k_pre, k_grid = k.split([P, L], dim=2)
         v_pre, v_grid = v.split([P, L], dim=2)
-        k_mem, v_mem = self.learned_kv(B, k)  # [B, h, g, d]
+        k_mem, v_mem = self.learned_kv(k, v, p_drop)  # [B, h, g, d]
         k_all = torch.cat([k_pre, k_mem, k_grid], dim=2)  # [B, h, P + g + L, d]: every key
         v_all = torch.cat([v_pre, v_mem, v_grid], dim=2)
         q_glob, k_glob, v_glob = q_pre, torch.cat([k_pre, k_mem], dim=2), torch.cat([v_pre, v_mem], dim=2)
@@ -222,25 +187,32 @@ class SparsePatternAttention(QKVAttention):
             v_glob = torch.cat([v_glob, v_grid[:, :, gg]], dim=2)
         # global queries attend to every key: P + G_grid rows
         o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
-        k_pad, v_pad = pad_grid(k_grid, grid, pat.padded), pad_grid(v_grid, grid, pat.padded)  # [B, h, L', d]
-        if pat.queries is None:
-            q_groups = q_grid.unsqueeze(3)  # [B, h, L, 1, d]
-        else:
-            q_groups = gather_tokens(pad_grid(q_grid, grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
         outs, h0 = [], 0
         for group in pat.groups:
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
-            if group.keys is None:  # dense heads: every grid query over every key
+            if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
+                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, grid, k_glob[:, hs],
+                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
+                            .unsqueeze(3))
+            elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
-                outs.append(gathered_attention(q_groups[:, hs], k_pad[:, hs], v_pad[:, hs], group.keys, group.valid,
-                                               k_glob[:, hs], v_glob[:, hs], self.scale, self.attn_drop))
+                outs.append(self.gathered(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], pat, group, k_glob[:, hs],
+                                          v_glob[:, hs]))
         o_grid = torch.cat(outs, dim=1).flatten(2, 3)  # [B, h, Q·S, d]
         o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
         if pat.inverse is not None:
             o_grid = torch.cat([o_grid, o_gg], dim=2).index_select(2, pat.inverse)  # [B, h, L, d] raster order
         return torch.cat([o_pre, o_grid], dim=2)
+
+    def gathered(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern, group: HeadGroup, k_glob: Tensor,
+                 v_glob: Tensor) -> Tensor:
+        """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]`` (see :func:`gathered_attention`)."""
+        k_pad, v_pad = pad_grid(k, pat.grid, pat.padded), pad_grid(v, pat.grid, pat.padded)  # [B, h, L', d]
+        q_groups = gather_tokens(pad_grid(q, pat.grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
+        return gathered_attention(q_groups, k_pad, v_pad, group.keys, group.valid, k_glob, v_glob, self.scale,
+                                  self.attn_drop)
 
     def attend_flops(self, grid: Grid) -> int:
         pat = self.pattern_at(grid)
@@ -248,18 +220,30 @@ class SparsePatternAttention(QKVAttention):
         n_keys = P + g + grid[0] * grid[1]
         n_glob = P + g + pat.num_global_grid
         Q, S = pat.group_shape()
-        # learned global tokens: their keys and values, g·C·2C
-        flops = g * C * 2 * C
+        # learned global tokens: their queries g·C², the read (QKᵀ and AV of g queries over the
+        # P + L tokens, 2g(P + L)C) and the keys and values of their states g·C·2C
+        flops = g * C * C + sdpa_flops(1, self.num_heads, g, P + grid[0] * grid[1], d) + g * C * 2 * C
         # prefix and global-grid queries over every key: QKᵀ and AV, (P + G_grid)·n_keys·d per head each
         flops += sdpa_flops(1, self.num_heads, P + pat.num_global_grid, n_keys, d)
         for group in pat.groups:
-            if group.keys is None:
+            if isinstance(group, HaloGroup):
+                # QKᵀ and AV of every query slot over its K halo keys plus the global keys, per head
+                flops += halo_flops(group, n_glob, d)
+            elif group.keys is None:
                 # dense heads: every grid query over every key, QKᵀ and AV
                 flops += sdpa_flops(1, group.heads, Q * S, n_keys, d)
             else:
                 # QKᵀ and AV of Q·S queries over K gathered keys plus the global keys, per head
                 flops += 2 * group.heads * Q * S * (group.keys.shape[1] + n_glob) * d
         return flops
+
+    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
+        """Additive ``[heads, blocks, S, K]`` scores of a halo group's heads; None: no bias (overridden by ``local``)."""
+        return None
+
+    def grid_bias(self, grid: Grid) -> Optional[Tensor]:
+        """Additive ``[h, L, L]`` grid-to-grid scores for :meth:`reference`; None: no bias."""
+        return None
 
     def full_mask(self, grid: Grid) -> Tensor:
         """Boolean ``[h or 1, P + L, P + g + L]`` of the whole pattern (queries: real tokens only)."""
@@ -270,14 +254,23 @@ class SparsePatternAttention(QKVAttention):
         return mask
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
-        """Dense masked ``softmax(QKᵀ/√d)V`` with learned tokens appended as ordinary tokens."""
-        P, g = self.num_prefix, self.num_learned
+        """Dense masked ``softmax(QKᵀ/√d)V``; learned tokens first read every token densely, then their
+        states are appended as ordinary keys/values (their own rows are not computed)."""
+        P, g, C = self.num_prefix, self.num_learned, self.dim
+        q, k, v = self.split_heads(x)  # [B, h, P + L, d]
         if g:
             tokens = self.global_tokens.expand(x.shape[0], -1, -1)  # [B, g, C]
-            x = torch.cat([x[:, :P], tokens, x[:, P:]], dim=1)  # [B, P + g + L, C]
-        q, k, v = self.split_heads(x)  # [B, h, P + g + L, d]
-        q = torch.cat([q[:, :, :P], q[:, :, P + g:]], dim=2)  # learned tokens' outputs are dropped
-        out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device))
+            q_t = self.split_heads(tokens)[0]  # [B, h, g, d]
+            read = dense_attention(q_t, k, v)  # every token: [B, h, g, d]
+            state = tokens + read.transpose(1, 2).reshape(x.shape[0], g, C)  # [B, g, C]
+            _, k_t, v_t = self.split_heads(state)  # [B, h, g, d]
+            k = torch.cat([k[:, :, :P], k_t, k[:, :, P:]], dim=2)  # [B, h, P + g + L, d]
+            v = torch.cat([v[:, :, :P], v_t, v[:, :, P:]], dim=2)
+        bias, inner = None, self.grid_bias(grid)
+        if inner is not None:
+            bias = inner.new_zeros(inner.shape[0], q.shape[2], k.shape[2])  # [h, P + L, P + g + L]
+            bias[:, P:, P + g:] = inner
+        out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device), bias=bias)
         return self.merge_heads(out)
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
@@ -291,6 +284,8 @@ class NeighbourhoodAttention(SparsePatternAttention):
     Subclasses implement :meth:`head_patterns`: ``[(heads, Neighbourhood or None), ...]``.
     """
 
+    uses_offsets = False  # halo groups build relative-position indices (``local`` with ``rel_pos_bias``)
+
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:  # pragma: no cover
         raise NotImplementedError
 
@@ -298,7 +293,7 @@ class NeighbourhoodAttention(SparsePatternAttention):
         groups = []
         for heads, nbhd in self.head_patterns(grid):
             if heads:
-                groups.append(HeadGroup(heads, *nbhd.index(grid)) if nbhd is not None else HeadGroup(heads))
+                groups.append(halo_group(heads, grid, nbhd, self.uses_offsets) if nbhd is not None else HeadGroup(heads))
         return SparsePattern(grid, groups)
 
     def grid_mask(self, grid: Grid) -> Tensor:
@@ -306,6 +301,11 @@ class NeighbourhoodAttention(SparsePatternAttention):
         masks = [(nbhd.mask(grid) if nbhd is not None else torch.ones(L, L, dtype=torch.bool)).expand(heads, L, L)
                  for heads, nbhd in self.head_patterns(grid) if heads]
         return torch.cat(masks, dim=0)  # [h, L, L]
+
+    def halo_symbols(self, grid: Optional[Grid], nbhd: Neighbourhood, tag: str) -> dict[str, int]:
+        """``L_<tag>``: query slots of the blocked grid, ``K_<tag>``: halo keys per block of ``nbhd`` at ``grid``."""
+        group = halo_group(0, tuple(grid or self.grid), nbhd)
+        return {f"L_{tag}": group.query_slots(), f"K_{tag}": group.halo_keys()}
 
     def dilation_at(self, grid: Optional[Grid] = None) -> Grid:
         """Per-axis dilation used at ``grid`` (for ``extra_repr``)."""
@@ -335,6 +335,11 @@ class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, num_global={self.num_learned}"
+
+
+def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood, offsets: bool = False) -> HaloGroup:
+    """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid`` (``offsets``: see :class:`HaloGroup`)."""
+    return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border, offsets)
 
 
 def check_num_global_option(cfg: Any) -> None:

@@ -11,14 +11,15 @@ tokens are masked as keys and cropped). Each query block attends to
 * global blocks: ``attention.num_global_blocks`` blocks spread evenly over the raster order
   (2 = the first and last block, as BigBird-ITC). Their queries attend to every token and every
   query attends to them;
-* r random blocks, drawn once at construction from the blocks outside its window and the global
-  blocks, by a generator seeded with the layer index, and kept in the ``random_blocks`` buffer
-  (saved in checkpoints). A small grid may have fewer than r such blocks: then all of them are
+* r random blocks, drawn once at construction for every head separately (as the paper does) from
+  the blocks outside its window and the global blocks, by a generator seeded with the layer index,
+  and kept in the ``random_blocks`` buffer ``[h, blocks, r]`` (saved in checkpoints). A small grid may have fewer than r such blocks: then all of them are
   used (on Swin's 4×4 stage the pattern is dense), as HF BigBird falls back to full attention.
   At a grid other than the construction grid the draw is redone with the same seed.
 
-Prefix tokens (ViT's class token) are global tokens too. Scores are
-``[B, h, blocks, b², b²·(w² + r)]`` plus the global keys; never ``[B, h, N, N]``.
+Prefix tokens (ViT's class token) are global tokens too. Each head gathers its own keys (one
+head group per head); scores are ``[B, 1, blocks, b², b²·(w² + r)]`` per head plus the global
+keys; never ``[B, h, N, N]``.
 """
 from __future__ import annotations
 
@@ -103,22 +104,23 @@ class BigBirdAttention(SparsePatternAttention):
         return tuple(min(self.cfg.window_blocks, n) for n in block_count(grid, self.cfg.block_size))
 
     def draw_random(self, grid: Grid) -> Tensor:
-        """``[blocks, r]`` random block ids per query block (-1: none left), seeded by the layer index."""
+        """``[h, blocks, r]`` random block ids per head and query block (-1: none left), seeded by the layer index."""
         blocks = block_count(grid, self.cfg.block_size)
         nb, r = blocks[0] * blocks[1], self.cfg.num_random
         window, _ = neighbourhood_index(blocks, self.window_at(grid))  # [nb, w²]
         glob = global_block_ids(nb, self.cfg.num_global_blocks)
         gen = torch.Generator().manual_seed(self.layer_index)
-        out = torch.full((nb, r), -1, dtype=torch.long)
-        for qb in range(nb):
-            if qb in glob:
-                continue
-            taken = torch.zeros(nb, dtype=torch.bool)
-            taken[window[qb]] = True
-            taken[glob] = True
-            free = (~taken).nonzero().flatten()
-            pick = free[torch.randperm(free.numel(), generator=gen)[:r]]
-            out[qb, :pick.numel()] = pick
+        out = torch.full((self.num_heads, nb, r), -1, dtype=torch.long)
+        for head in range(self.num_heads):
+            for qb in range(nb):
+                if qb in glob:
+                    continue
+                taken = torch.zeros(nb, dtype=torch.bool)
+                taken[window[qb]] = True
+                taken[glob] = True
+                free = (~taken).nonzero().flatten()
+                pick = free[torch.randperm(free.numel(), generator=gen)[:r]]
+                out[head, qb, :pick.numel()] = pick
         return out
 
     def random_at(self, grid: Grid) -> Tensor:
@@ -130,35 +132,37 @@ class BigBirdAttention(SparsePatternAttention):
         blocks = block_count(grid, b)
         Hp, Wp, nb = blocks[0] * b, blocks[1] * b, blocks[0] * blocks[1]
         window, _ = neighbourhood_index(blocks, self.window_at(grid))  # [nb, w²]
-        slots = torch.cat([window, self.random_at(grid)], dim=1)  # [nb, T] attended block ids
         is_global = torch.zeros(nb, dtype=torch.bool)
         is_global[global_block_ids(nb, self.cfg.num_global_blocks)] = True
-        slot_ok = (slots >= 0) & ~is_global[slots.clamp(min=0)]  # global blocks are attended as global keys
         sparse = (~is_global).nonzero().flatten()  # [Q] non-global query blocks
         tokens = block_tokens(grid, b)  # [nb, b²]
         real = ((torch.arange(Hp)[:, None] < H) & (torch.arange(Wp)[None, :] < W)).flatten()  # [L']
-        keys = tokens[slots[sparse].clamp(min=0)].flatten(1)  # [Q, T, b²] -> [Q, T·b²]
-        valid = slot_ok[sparse].repeat_interleave(b * b, dim=1) & real[keys]  # [Q, T·b²]
+        groups = []
+        for rand in self.random_at(grid):  # one head group per head: [nb, r]
+            slots = torch.cat([window, rand], dim=1)  # [nb, T] attended block ids
+            slot_ok = (slots >= 0) & ~is_global[slots.clamp(min=0)]  # global blocks are attended as global keys
+            keys = tokens[slots[sparse].clamp(min=0)].flatten(1)  # [Q, T, b²] -> [Q, T·b²]
+            valid = slot_ok[sparse].repeat_interleave(b * b, dim=1) & real[keys]  # [Q, T·b²]
+            groups.append(HeadGroup(1, keys, valid))
         glob_ids = tokens[is_global].flatten()
         glob_ids = glob_ids[real[glob_ids]]
         global_grid = (glob_ids // Wp) * W + glob_ids % Wp  # [G] raster ids in the unpadded grid
-        return SparsePattern(grid, [HeadGroup(self.num_heads, keys, valid)], padded=(Hp, Wp),
-                             queries=tokens[sparse], global_grid=global_grid)
+        return SparsePattern(grid, groups, padded=(Hp, Wp), queries=tokens[sparse], global_grid=global_grid)
 
     def grid_mask(self, grid: Grid) -> Tensor:
-        """Block-level mask (window ranges, random draw, global rows/columns) expanded to tokens."""
+        """Block-level mask per head (window ranges, the head's random draw, global rows/columns) expanded to tokens."""
         b, (H, W) = self.cfg.block_size, grid
         blocks = block_count(grid, b)
         nb = blocks[0] * blocks[1]
-        allowed = neighbourhood_mask(blocks, self.window_at(grid))  # [nb, nb]
-        rand = self.random_at(grid)
-        rows, cols = (rand >= 0).nonzero(as_tuple=True)
-        allowed[rows, rand[rows, cols]] = True
+        rand = self.random_at(grid)  # [h, nb, r]
+        allowed = neighbourhood_mask(blocks, self.window_at(grid)).repeat(self.num_heads, 1, 1)  # [h, nb, nb]
+        heads, rows, cols = (rand >= 0).nonzero(as_tuple=True)
+        allowed[heads, rows, rand[heads, rows, cols]] = True
         glob = global_block_ids(nb, self.cfg.num_global_blocks)
-        allowed[glob, :] = True
-        allowed[:, glob] = True
+        allowed[:, glob, :] = True
+        allowed[:, :, glob] = True
         block_of = ((torch.arange(H) // b)[:, None] * blocks[1] + (torch.arange(W) // b)[None, :]).flatten()  # [L]
-        return allowed[block_of[:, None], block_of[None, :]][None]  # [1, L, L]
+        return allowed[:, block_of[:, None], block_of[None, :]]  # [h, L, L]
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid

@@ -6,12 +6,14 @@ https://arxiv.org/abs/2004.08483 (global-local attention with extra global token
 tokens plus 2-D local attention in a ViT).
 
 Global tokens are the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
-grid token attends to its k×k neighbourhood (shifted at the border, as ``local``) plus every global
-token. Prefix queries attend to every token (P rows of length N). The learned tokens are layer
-parameters that the host does not carry to the next layer, so their own outputs would be thrown
-away: only their keys and values are computed (``2gC²``), not their query rows. The reference
-appends them as ordinary tokens to a dense masked attention and drops their outputs, which is the
-same maths. With no class token (Swin) ``attention.num_global`` must be at least 1.
+grid token attends to its k×k neighbourhood (shifted at the border, as ``local``; blocked halo
+attention, see :mod:`vitzoo.attention._halo`) plus every global token. Prefix queries attend to
+every token (P rows of length N). The host does not carry the learned tokens from layer to layer,
+so in every layer they first read the sequence, as ETC's global tokens attend to the long input:
+their queries attend to every token (g rows of length N, ``gC² + 2gNC``), and the states
+``t + read`` give the keys and values every query attends to (``2gC²``). A far token therefore
+reaches every query in one layer. With no class token (Swin) ``attention.num_global`` must be
+at least 1.
 """
 from __future__ import annotations
 
@@ -38,12 +40,14 @@ class GlobalTokensConfig:
 class GlobalTokensAttention(GlobalNeighbourhoodAttention):
     """k×k neighbourhood attention plus P + g global tokens; its cost is :attr:`formula`.
 
+    L_b: query slots of the blocked grid, K_b: halo keys per block (see ``local``).
+
     Args:
         cfg: :class:`GlobalTokensConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C"  # L = H·W, P prefix, g learned tokens
+    formula = "4NC² + 3gC² + 2gNC + 2(K_b + P + g)L_bC + 2P(N + g)C"  # P prefix, g learned tokens
 
     def __init__(self, cfg: GlobalTokensConfig, ctx: MixerContext):
         check(cfg.num_global + ctx.num_prefix > 0,
@@ -53,3 +57,6 @@ class GlobalTokensAttention(GlobalNeighbourhoodAttention):
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         return [(self.num_heads, Neighbourhood(self.cfg.kernel_size))]
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        return {**super().symbols(grid), **self.halo_symbols(grid, Neighbourhood(self.cfg.kernel_size), "b")}

@@ -13,26 +13,40 @@ default builds on Swin's 4×4 stage. A kernel larger than the grid is an error (
 ``attention.kernel_size`` must be odd and at most the grid's shorter side.
 
 Prefix tokens (ViT's class token) are global: they attend to every token, and every token attends
-to them on top of its k² neighbours. Keys and values are gathered with precomputed index buffers
-and scored as ``[B, h, H·W, 1, k²]``; see :mod:`vitzoo.attention._sparse`.
+to them on top of its k² neighbours. The fast path is blocked (halo) attention: blocks of queries
+score the K keys of their halo with dense matmuls and an exact mask (each query keeps its k²
+neighbours), ``[B, h, blocks, S, P + K]``; see :mod:`vitzoo.attention._halo`. Every query slot
+scores all K halo keys, so the cost counts K (not k²) keys per query.
+
+``attention.rel_pos_bias`` adds NAT's relative position bias: a learned ``(2k−1)×(2k−1)`` table
+per head indexed by the key's offset from the query, added to the neighbourhood scores (not to the
+prefix keys). The reference adds the same table densely.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+from timm.layers import trunc_normal_
+from torch import Tensor, nn
+
 from vitzoo.attention import register_attention
+from vitzoo.attention._halo import HaloGroup
 from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._sparse import NeighbourhoodAttention
-from vitzoo.attention.base import Grid, MixerContext, check_positive
+from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 
 
 @dataclass
 class LocalConfig:
     kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
+    rel_pos_bias: bool = False  # NAT's relative position bias: a learned (2k-1)² table per head on the scores
 
     def __post_init__(self):
         check_odd_kernel(self)
+        check(isinstance(self.rel_pos_bias, bool), f"attention.rel_pos_bias must be true or false "
+                                                   f"(got {self.rel_pos_bias!r})")
 
 
 @dataclass
@@ -49,26 +63,49 @@ class DilatedConfig:
 class LocalAttention(NeighbourhoodAttention):
     """Neighbourhood attention over k×k tokens.
 
-    Its cost is :attr:`formula` with L = H·W grid tokens and P prefix tokens (without a class
-    token: ``4NC² + 2k²NC``): grid queries score k² neighbours plus P prefix keys, prefix queries
-    score all N keys.
+    Its cost is :attr:`formula` with P prefix tokens, L_b query slots of the blocked grid (H·W plus
+    padding) and K_b halo keys per block: every grid query slot scores its block's K_b halo keys
+    (masked to its k² neighbours) plus P prefix keys, prefix queries score all N keys.
 
     Args:
         cfg: :class:`LocalConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 2k²LC + 2P(L + N)C"
+    formula = "4NC² + 2(K_b + P)L_bC + 2PNC"
 
     def __init__(self, cfg: LocalConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
+        self.uses_offsets = getattr(cfg, "rel_pos_bias", False)  # DilatedConfig has no such option
+        self.rel_pos_bias = None
+        if self.uses_offsets:
+            span = 2 * cfg.kernel_size - 1
+            self.rel_pos_bias = nn.Parameter(torch.zeros(self.num_heads, span, span))  # [h, 2k-1, 2k-1]
+            trunc_normal_(self.rel_pos_bias, std=0.02)
         self.setup()
+
+    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
+        """The relative position bias of each (query slot, halo slot): ``[heads, blocks, S, K]``."""
+        if self.rel_pos_bias is None:
+            return None
+        return self.rel_pos_bias[heads].flatten(1)[:, group.rel]  # [heads, (2k-1)²] -> [heads, blocks, S, K]
+
+    def grid_bias(self, grid: Grid) -> Optional[Tensor]:
+        """Reference: the bias of every (grid query, grid key) pair from their coordinates, ``[h, L, L]``."""
+        if self.rel_pos_bias is None:
+            return None
+        k, (H, W), (dh, dw) = self.cfg.kernel_size, grid, self.dilation_at(grid)
+        rows = ((torch.arange(H)[None, :] - torch.arange(H)[:, None]) // dh + k - 1).clamp(0, 2 * k - 2)  # [H, H]
+        cols = ((torch.arange(W)[None, :] - torch.arange(W)[:, None]) // dw + k - 1).clamp(0, 2 * k - 2)  # [W, W]
+        bias = self.rel_pos_bias[:, rows[:, None, :, None], cols[None, :, None, :]]  # [h, H, W, H, W]
+        return bias.reshape(self.num_heads, H * W, H * W)
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         return [(self.num_heads, Neighbourhood(self.cfg.kernel_size, getattr(self.cfg, "dilation", 1)))]
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        return {**super().symbols(grid), "k": self.cfg.kernel_size}
+        nbhd = self.head_patterns(grid or self.grid)[0][1]
+        return {**super().symbols(grid), "k": self.cfg.kernel_size, **self.halo_symbols(grid, nbhd, "b")}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel_size={self.cfg.kernel_size}, dilation={self.dilation_at()}"
@@ -78,7 +115,8 @@ class LocalAttention(NeighbourhoodAttention):
 class DilatedAttention(LocalAttention):
     """Dilated neighbourhood attention: k×k keys spaced δ apart (δ fitted per axis to the grid).
 
-    Its cost is :attr:`formula`, the same as ``local`` (k² keys per grid query).
+    Its cost is :attr:`formula`, as ``local``; blocks and halos are cut per dilation sub-lattice,
+    so a halo holds only keys of its queries' sub-lattice.
 
     Args:
         cfg: :class:`DilatedConfig`.

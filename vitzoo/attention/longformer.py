@@ -8,13 +8,15 @@ Three parts, as in Longformer:
 
 * sliding window: each grid token attends to the k×k window centred on it. Unlike ``local``, the
   window does not shift at the border: keys outside the grid are masked (Longformer pads), so
-  border tokens see fewer keys while the cost stays k² per token;
+  border tokens see fewer keys while the cost (halo keys per query) does not shrink;
 * dilated windows on ``attention.dilated_heads`` of the heads: k×k keys spaced δ apart, centred
   and masked the same way (δ shrinks per axis to ``side // k`` on small grids, DiNAT's rule);
 * global tokens: the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
-  token attends to them; prefix queries attend to every token. Learned tokens are layer parameters
-  whose own outputs would be discarded, so only their keys and values are computed (see
-  :mod:`vitzoo.attention._sparse`).
+  token attends to them; prefix queries attend to every token. In every layer the learned tokens
+  first read the sequence (their queries attend to every token) and their states ``t + read`` give
+  the keys and values, so global information flows in one layer (see :mod:`vitzoo.attention._sparse`).
+
+Windows run as blocked (halo) attention per head group (:mod:`vitzoo.attention._halo`).
 """
 from __future__ import annotations
 
@@ -45,14 +47,15 @@ class LongformerConfig:
 class LongformerAttention(GlobalNeighbourhoodAttention):
     """Sliding windows (masked at the border), dilated windows on some heads, global tokens.
 
-    Its cost is :attr:`formula` (L = H·W, P prefix, g learned tokens).
+    Its cost is :attr:`formula` (P prefix, g learned tokens; L_l/L_δ query slots of the blocked
+    grid and K_l/K_δ halo keys per block of the sliding/dilated heads, C_l/C_δ their channels).
 
     Args:
         cfg: :class:`LongformerConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 2gC² + 2(k² + P + g)LC + 2P(N + g)C"
+    formula = "4NC² + 3gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ + 2P(N + g)C"
 
     def __init__(self, cfg: LongformerConfig, ctx: MixerContext):
         check(cfg.dilated_heads <= ctx.num_heads,
@@ -64,6 +67,11 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
         k, dilated = self.cfg.kernel_size, self.cfg.dilated_heads
         return [(self.num_heads - dilated, Neighbourhood(k, 1, "mask")),
                 (dilated, Neighbourhood(k, self.cfg.dilation, "mask"))]
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        (n_l, local), (n_d, dilated) = self.head_patterns(grid or self.grid)
+        return {**super().symbols(grid), **self.halo_symbols(grid, local, "l"), **self.halo_symbols(grid, dilated, "δ"),
+                "C_l": n_l * self.head_dim, "C_δ": n_d * self.head_dim}
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads")

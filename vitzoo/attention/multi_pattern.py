@@ -65,15 +65,16 @@ class MultiPatternConfig:
 class MultiPatternAttention(NeighbourhoodAttention):
     """Head groups with local, dilated or global patterns.
 
-    Its cost is :attr:`formula`: C_s = d·(local + dilated heads),
-    C_g = d·(global heads), L = H·W, P prefix tokens.
+    Its cost is :attr:`formula`: C_l, C_δ, C_g = d·(local, dilated, global heads), L = H·W,
+    P prefix tokens; local and dilated heads run blocked (halo) attention with L_l/L_δ query slots
+    and K_l/K_δ halo keys per block (:mod:`vitzoo.attention._halo`).
 
     Args:
         cfg: :class:`MultiPatternConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 2(k² + P)LC_s + 2LNC_g + 2PNC"
+    formula = "4NC² + 2(K_l + P)L_lC_l + 2(K_δ + P)L_δC_δ + 2LNC_g + 2PNC"
 
     def __init__(self, cfg: MultiPatternConfig, ctx: MixerContext):
         self.head_counts = self.assign_heads(cfg.patterns, ctx.num_heads)
@@ -97,10 +98,12 @@ class MultiPatternAttention(NeighbourhoodAttention):
         return [(n, kinds[name]) for (name, _), n in zip(self.cfg.patterns, self.head_counts)]
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        d = self.head_dim
-        global_heads = sum(n for (name, _), n in zip(self.cfg.patterns, self.head_counts) if name == "global")
-        return {**super().symbols(grid), "k": self.cfg.kernel_size, "C_g": d * global_heads,
-                "C_s": d * (self.num_heads - global_heads)}
+        k, d = self.cfg.kernel_size, self.head_dim
+        heads = {kind: sum(n for (name, _), n in zip(self.cfg.patterns, self.head_counts) if name == kind)
+                 for kind in PATTERNS}
+        return {**super().symbols(grid), "k": k, **self.halo_symbols(grid, Neighbourhood(k), "l"),
+                **self.halo_symbols(grid, Neighbourhood(k, self.cfg.dilation), "δ"), "C_l": d * heads["local"],
+                "C_δ": d * heads["dilated"], "C_g": d * heads["global"]}
 
     def extra_repr(self) -> str:
         heads = ", ".join(f"{name}×{n}" for (name, _), n in zip(self.cfg.patterns, self.head_counts))
