@@ -110,7 +110,7 @@ def test_routing_centroids_move_in_train_and_stay_in_eval():
     attn(x, (8, 8)).sum().backward()
     assert not torch.equal(attn.centroids, before)
     assert not attn.centroids.requires_grad and "centroids" not in dict(attn.named_parameters())
-    torch.testing.assert_close(attn.centroids.norm(dim=-1), torch.ones(4, 8))  # still unit vectors
+    torch.testing.assert_close(attn.centroids.norm(dim=-1), torch.ones(2, 8))  # still unit vectors (2 routing heads)
 
 
 def test_reformer_redraws_rotations_in_training_only():
@@ -157,13 +157,13 @@ def test_sinkhorn_sort_matrix_is_doubly_stochastic_and_learned():
     assert attn.sort_q.weight.grad.abs().sum() > 0 and attn.sort_k.weight.grad.abs().sum() > 0
 
 
-def test_routing_tokens_picked_by_no_cluster_attend_to_the_prefix_only():
+def test_routing_tokens_picked_by_no_cluster_attend_to_the_prefix_only_in_routing_heads():
     torch.manual_seed(0)
-    attn = make_attention("routing", (8, 8), 1).double().eval()
+    attn = make_attention("routing", (8, 8), 1).double().eval()  # heads 0, 1 local; 2, 3 routing
     x = torch.randn(1, 65, 32, dtype=torch.float64)
     q, k, v = attn.split_heads(x)
-    idx_q, _ = attn.route(q[:, :, 1:], k[:, :, 1:], attn.cluster_size((8, 8)))
-    picked = torch.zeros(1, 4, 64, dtype=torch.bool).scatter_(2, idx_q.flatten(2), True)
-    out = attn.attend(q, k, v, (8, 8))[:, :, 1:]  # [1, h, 64, d]
+    idx_q, _ = attn.route(q[:, 2:, 1:], k[:, 2:, 1:], attn.cluster_size((8, 8)))
+    picked = torch.zeros(1, 2, 64, dtype=torch.bool).scatter_(2, idx_q.flatten(2), True)
+    out = attn.attend(q, k, v, (8, 8))[:, 2:, 1:]  # [1, h_r, 64, d]
     head, token = (~picked[0]).nonzero()[0].tolist()
-    torch.testing.assert_close(out[0, head, token], v[0, head, 0])  # the class token's value
+    torch.testing.assert_close(out[0, head, token], v[0, 2 + head, 0])  # the class token's value

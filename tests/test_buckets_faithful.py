@@ -1,0 +1,69 @@
+"""The data-driven backends follow their papers: routing's local heads, sinkhorn's per-head Gumbel
+sorting, reformer's bucket count that grows with the sequence (issue 14)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_attention
+from vitzoo.attention import ConfigError
+
+
+def window_members(attn, m: int) -> torch.Tensor:
+    """``[M, M]`` True where grid tokens i and j share one of the local heads' windows."""
+    w = attn.cluster_size((m, 1))
+    idx = attn.windows(m, w, torch.device("cpu"))  # [K, w]
+    inside = torch.zeros(m, idx.shape[0], dtype=torch.bool)
+    inside[idx, torch.arange(idx.shape[0]).unsqueeze(-1)] = True  # [M, K]
+    return (inside.float() @ inside.float().T) > 0
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (6, 10), (7, 7)])
+def test_routing_windows_cover_every_token_once_or_twice(grid):
+    attn = make_attention("routing", grid, 0)
+    m = grid[0] * grid[1]
+    idx = attn.windows(m, attn.cluster_size(grid), torch.device("cpu"))
+    counts = torch.bincount(idx.flatten(), minlength=m)
+    assert counts.min() >= 1 and counts.max() <= 2 and idx.max() == m - 1
+    assert (idx[:, 1:] - idx[:, :-1] == 1).all()  # consecutive tokens
+
+
+@pytest.mark.parametrize("prefix", [0, 1], ids=["swin", "vit"])
+def test_routing_every_token_attends_to_its_window(prefix):
+    """Every grid token's output is non-zero, and in a local head it depends on exactly its window's values."""
+    torch.manual_seed(0)
+    grid, m = (6, 10), 60
+    attn = make_attention("routing", grid, prefix).double().eval()  # 4 heads: 0, 1 local; 2, 3 routing
+    x = torch.randn(1, prefix + m, 32, dtype=torch.float64)
+    q, k, v = (t.detach() for t in attn.split_heads(x))
+    v.requires_grad_()
+    out = attn.attend(q, k, v, grid)[:, :, prefix:]  # [1, h, M, d]
+    assert (out.abs().amax(-1).amax(1) > 0).all()  # every token, over its heads
+    assert (out[:, :2].abs().amax(-1) > 0).all()  # every token in every local head
+    share = window_members(attn, m)
+    for token in range(m):
+        grad, = torch.autograd.grad(out[0, 0, token].sum(), v, retain_graph=True)
+        depends = grad[0, 0, prefix:].abs().amax(-1) > 0  # [M] grid values that reach this token
+        assert torch.equal(depends, share[token]), token
+        assert depends[token]
+
+
+def test_routing_local_heads_option():
+    assert make_attention("routing", (8, 8), 0).local_heads == 2
+    assert make_attention("routing", (8, 8), 0, heads=2, dim=16).local_heads == 1
+    attn = make_attention("routing", (8, 8), 0, local_heads=3)
+    assert attn.local_heads == 3 and attn.centroids.shape == (1, 8, 8)
+    with pytest.raises(ConfigError, match="attention.local_heads=5 is more than the 4 heads") as err:
+        make_attention("routing", (8, 8), 0, local_heads=5)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="attention.local_heads must be a positive integer"):
+        make_attention("routing", (8, 8), 0, local_heads=0)
+
+
+def test_routing_only_local_heads_matches_reference():
+    torch.manual_seed(0)
+    attn = make_attention("routing", (6, 10), 1, local_heads=4).double().eval()
+    x = torch.randn(2, 61, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
+    attn.train()(x, (6, 10)).sum().backward()  # no routing head: no centroid step
