@@ -67,3 +67,46 @@ def test_routing_only_local_heads_matches_reference():
     with torch.no_grad():
         torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
     attn.train()(x, (6, 10)).sum().backward()  # no routing head: no centroid step
+
+
+def sinkhorn_blocks(attn, x: torch.Tensor, same_heads: bool = False):
+    """Query and key blocks ``[B, h, 8, 8, d]`` of an 8x8 grid (with a class token); optionally head 0's in every head."""
+    q, k, _ = attn.split_heads(x)
+    qb, kb = q[:, :, 1:].unflatten(2, (8, 8)), k[:, :, 1:].unflatten(2, (8, 8))
+    if same_heads:
+        qb, kb = qb[:, :1].expand_as(qb), kb[:, :1].expand_as(kb)
+    return qb, kb
+
+
+def test_sinkhorn_sorting_differs_between_heads():
+    """Each head has its own sorting network: the same blocks in every head give a different R per head."""
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1).eval()
+    assert attn.sort_q.weight.shape == (4, 8, 16) and attn.sort_k.weight.shape == (4, 8, 16)
+    with torch.no_grad():
+        r = attn.sort_matrix(*sinkhorn_blocks(attn, torch.randn(2, 65, 32), same_heads=True), 64)  # [B, h, nb, nb]
+    for head in range(1, 4):
+        assert (r[:, head] - r[:, 0]).abs().max() > 1e-3, head
+
+
+def test_sinkhorn_gumbel_noise_in_training_only():
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1)
+    x = torch.randn(2, 65, 32)
+    with torch.no_grad():
+        blocks = sinkhorn_blocks(attn, x)
+        train = [attn.train().sort_matrix(*blocks, 64) for _ in range(2)]
+        evals = [attn.eval().sort_matrix(*blocks, 64) for _ in range(2)]
+        assert not torch.allclose(train[0], train[1])  # fresh noise every training forward
+        torch.testing.assert_close(evals[0], evals[1], rtol=0, atol=0)
+        assert not torch.allclose(train[0], evals[0])
+        quiet = make_attention("sinkhorn", (8, 8), 1, noise=0.0)
+        quiet.load_state_dict(attn.state_dict())
+        torch.testing.assert_close(quiet.train().sort_matrix(*blocks, 64), evals[0])  # noise 0: no noise
+        torch.testing.assert_close(train[0].sum(-1), torch.ones(2, 4, 8))  # still a soft permutation
+
+
+def test_sinkhorn_noise_option_is_checked():
+    with pytest.raises(ConfigError, match=r"attention.noise must be a non-negative number \(got -1.0\)") as err:
+        make_attention("sinkhorn", (8, 8), 1, noise=-1.0)
+    assert "\n" not in str(err.value)
