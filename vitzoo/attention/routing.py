@@ -63,8 +63,8 @@ def all_ranks_sum(t: Tensor) -> Tensor:
 
 @dataclass
 class RoutingConfig:
-    num_clusters: Optional[int] = None  # pieces K per head (centroids or windows); null = ⌈√M⌉ for M grid tokens at construction
-    local_heads: Optional[int] = None  # heads attending within K fixed windows instead of clusters, 1..h; null = ⌈h/2⌉
+    num_clusters: Optional[int] = None  # pieces K per head (centroids or windows); null = ⌈√M⌉, M at construction
+    local_heads: Optional[int] = None  # heads using K fixed windows instead of clusters, 1..h; null = ⌈h/2⌉
     decay: float = 0.999  # EMA decay of the centroid update in training, in (0, 1)
     pad: bool = True  # allow K not dividing M (pieces of ⌈M/K⌉ tokens); false = error when it does not divide
 

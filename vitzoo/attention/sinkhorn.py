@@ -47,7 +47,7 @@ class SinkhornConfig:
     sort_dim: int = 16  # width s of each head's sorting-network block embeddings
     iters: int = 8  # Sinkhorn normalisation rounds, 1..100
     temperature: float = 0.75  # divides the block-pair scores before Sinkhorn (lower = harder sort)
-    noise: float = 1.0  # scale of the Gumbel noise added to the block-pair scores in training, >= 0 (0 = none); eval adds none
+    noise: float = 1.0  # scale of the Gumbel noise on the block-pair scores in training, >= 0 (0: none); none in eval
     pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
 
     def __post_init__(self):
@@ -86,7 +86,8 @@ class HeadLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(heads, 1, dim_out).uniform_(-bound, bound))  # [h, 1, s]
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.weight + self.bias  # [B, h, n, d] @ [h, d, s]: n·d·s per head
+        """``x[B, h, n, d] -> [B, h, n, s]``, head i through its own map (n·d·s MACs per head)."""
+        return x @ self.weight + self.bias  # [B, h, n, d] @ [h, d, s] -> [B, h, n, s]
 
 
 @register_attention("sinkhorn", SinkhornConfig)
