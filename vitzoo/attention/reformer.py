@@ -160,8 +160,9 @@ class ReformerAttention(DataDrivenAttention):
         pos = torch.arange(length, device=q.device)
         order = (buckets * length + pos).argsort(dim=-1)  # [B, h, R, L] by (bucket, position): the one sort
         qkv = gather_tokens(pad_tokens(torch.cat([qg, kg, vg], -1), length), order)  # [B, h, R, L, 3d] one gather
-        qs, ks, vs = qkv.unflatten(-2, (-1, c)).split(d, dim=-1)  # [B, h, R, nc, c, d] each
-        ks, vs = look_back(ks, dim=-3), look_back(vs, dim=-3)  # [B, h, R, nc, 2c, d]
+        qkv = qkv.unflatten(-2, (-1, c))  # [B, h, R, nc, c, 3d]
+        ks, vs = look_back(qkv[..., d:], dim=-3).split(d, dim=-1)  # [B, h, R, nc, 2c, d] each
+        qs = qkv[..., :d]  # [B, h, R, nc, c, d]
         bias = self.chunk_bias(buckets, order, c, q.dtype)  # [B, h, R, nc, c, 2c]
         out, lse = attend_pieces(qs, ks, vs, self.scale, bias, self.attn_drop)  # [B, h, R, nc, c, d], [.., c]
         out = unsort(out.flatten(-3, -2), order)[..., :m, :]  # [B, h, R, M, d]

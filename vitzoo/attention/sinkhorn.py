@@ -161,13 +161,13 @@ class SinkhornAttention(DataDrivenAttention):
         b, nb = self.layout(grid)
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
-        qb, kb, vb = (pad_tokens(t, nb * b).unflatten(-2, (nb, b)) for t in (qg, kg, vg))  # [B, h, nb, b, d]
-        r = self.sort_matrix(qb, kb, m)  # [B, h, nb, nb]
-        kv = torch.cat([kb, vb], -1)  # [B, h, nb, b, 2d]
-        ks, vs = (r @ kv.flatten(-2)).view_as(kv).chunk(2, -1)  # [B, h, nb, b·2d] -> 2 x [B, h, nb, b, d] sorted
+        qb = pad_tokens(qg, nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, d]
+        kv = pad_tokens(torch.cat([kg, vg], -1), nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, 2d] keys | values
+        r = self.sort_matrix(qb, kv[..., :kg.shape[-1]], m)  # [B, h, nb, nb]
+        sorted_kv = (r @ kv.flatten(-2)).view_as(kv)  # [B, h, nb, b·2d] -> [B, h, nb, b, 2d] sorted blocks
+        keys, values = torch.cat([kv, sorted_kv], -2).chunk(2, -1)  # [B, h, nb, 2b, d] each: own block, sorted block
         bias = self.block_bias(r, b, m)  # [B, h, nb, 1, 2b]
-        out, lse = attend_pieces(qb, torch.cat([kb, ks], -2), torch.cat([vb, vs], -2), self.scale, bias,
-                                 self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
+        out, lse = attend_pieces(qb, keys, values, self.scale, bias, self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
         out, lse = out.flatten(2, 3)[..., :m, :], lse.flatten(2)[..., :m]  # [B, h, M, d], [B, h, M]
         if not P:
             return out
