@@ -111,7 +111,8 @@ def test_routing_centroid_update_in_float32_under_autocast():
     """The EMA step accumulates in float32 under bf16 autocast: the float32 step on the same (rounded) inputs."""
     torch.manual_seed(0)
     a, b = make_attention("routing", (8, 8), 1, decay=0.5), make_attention("routing", (8, 8), 1, decay=0.5)
-    x = torch.nn.functional.normalize(torch.randn(8, 4, 128, 8), dim=-1).bfloat16()  # 1024 members per head
+    routing_heads = a.centroids.shape[0]
+    x = torch.nn.functional.normalize(torch.randn(8, routing_heads, 128, 8), dim=-1).bfloat16()  # 1024 per head
     aff = x @ a.centroids.bfloat16().transpose(-2, -1)  # [B, h, T, K]
     a.update_centroids(x.float(), aff.float())
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -313,11 +314,11 @@ def test_precision_table_smoke(tmp_path):
 
 
 def _routing_rank(rank: int, world: int, port: int, out: str) -> None:
-    """One gloo rank: an EMA step on its half of the members; saves the resulting centroids."""
+    """One gloo rank: an EMA step on its half of the members (2 routing heads); saves the resulting centroids."""
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         attn = make_attention("routing", (8, 8), 1, decay=0.5)
-        x = torch.nn.functional.normalize(torch.randn(4, 4, 64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+        x = torch.nn.functional.normalize(torch.randn(4, 2, 64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
         part = x.chunk(world)[rank]
         attn.update_centroids(part, part @ attn.centroids.transpose(-2, -1))
         torch.save(attn.centroids, f"{out}/rank{rank}.pt")
@@ -336,7 +337,7 @@ def test_routing_centroids_all_reduced_across_ranks(tmp_path):
         port = s.getsockname()[1]
     mp.spawn(_routing_rank, args=(2, port, str(tmp_path)), nprocs=2)
     attn = make_attention("routing", (8, 8), 1, decay=0.5)
-    x = torch.nn.functional.normalize(torch.randn(4, 4, 64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+    x = torch.nn.functional.normalize(torch.randn(4, 2, 64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
     attn.update_centroids(x, x @ attn.centroids.transpose(-2, -1))
     for rank in range(2):
         torch.testing.assert_close(torch.load(tmp_path / f"rank{rank}.pt"), attn.centroids, atol=1e-6, rtol=0)

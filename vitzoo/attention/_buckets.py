@@ -52,19 +52,13 @@ def gather_tokens(t: Tensor, index: Tensor) -> Tensor:
     return t.gather(2, flat).reshape(*index.shape, d)  # [B, h, *S, d]
 
 
-def sort_order(keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Ascending order of integer ``keys[..., M]`` (all distinct) and its inverse permutation.
+def unsort(t: Tensor, order: Tensor) -> Tensor:
+    """Put sorted rows ``t[..., L, e]`` back in token order: row i goes to token ``order[..., i]`` (one scatter).
 
-    Returns ``order`` (``sorted = t[order]``) and ``inverse`` (``t = sorted[inverse]``), both ``[..., M]``.
+    Args:
+        t: rows in sorted order; order: ``[..., L]``, the token of every sorted row (a permutation).
     """
-    order = keys.argsort(dim=-1)
-    inverse = order.argsort(dim=-1)
-    return order, inverse
-
-
-def unsort(t: Tensor, inverse: Tensor) -> Tensor:
-    """Put sorted rows ``t[..., L, d]`` back in token order with ``inverse[..., L]`` from :func:`sort_order`."""
-    return t.gather(-2, inverse.unsqueeze(-1).expand_as(t))
+    return torch.zeros_like(t).scatter(-2, order.unsqueeze(-1).expand_as(t), t)
 
 
 def look_back(t: Tensor, dim: int, fill: float = 0) -> Tensor:

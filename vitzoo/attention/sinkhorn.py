@@ -4,13 +4,17 @@ Paper: Tay, Bahri, Yang, Metzler and Juan, "Sparse Sinkhorn Attention", ICML 202
 https://arxiv.org/abs/2002.11296.
 
 * Blocks: the M grid tokens are cut into nb blocks of b tokens (zero-padded to nb·b).
-* Sorting network (a small learned net scoring block pairs): per head, the mean query of block i
-  and the mean key of block j go through two linear maps ``d -> s`` (shared by the heads), and
-  ``score_ij = <f(q̄_i), g(k̄_j)> / √s``.
+* Sorting network (a small learned net scoring block pairs), one per head: the mean query of
+  block i and the mean key of block j go through that head's two linear maps ``d -> s``
+  (:class:`HeadLinear`, weights ``[h, d, s]``), and ``score_ij = <f_h(q̄_i), g_h(k̄_j)> / √s``; so
+  every head sorts its blocks its own way.
+* Gumbel-Sinkhorn (the paper's): in training, ``noise·ε`` with Gumbel noise
+  ``ε = -log(-log U)``, U uniform, is added to the scores; eval adds none (deterministic).
 * Sinkhorn normalisation (differentiable): ``log R = score / temperature``, then ``iters`` rounds
   of column then row normalisation in log space; ``R[nb, nb]`` is a soft permutation matrix.
-* Sorted blocks: ``K̃_i = Σ_j R_ij K_j`` and ``Ṽ_i = Σ_j R_ij V_j`` (block matmuls). Queries of
-  block i attend to the keys of their own block and of sorted block i ([B, h, nb, b, 2b] scores).
+* Sorted blocks: ``K̃_i = Σ_j R_ij K_j`` and ``Ṽ_i = Σ_j R_ij V_j`` (one block matmul on the
+  keys and values side by side). Queries of block i attend to the keys of their own block and of
+  sorted block i: one batched matmul over all heads and blocks ([B, h, nb, b, 2b] scores).
   Gradients reach the sorting network through R.
 * Padding: pad keys of the local block are masked; a sorted slot t of block i carries weight
   ``Σ_j R_ij·valid_j[t] = 1 - R_i,last`` where the last block is padded (its share of real keys),
@@ -40,9 +44,10 @@ MAX_ITERS = 100
 @dataclass
 class SinkhornConfig:
     block_size: Optional[int] = None  # tokens per block b; null = ⌈√M⌉ for M grid tokens
-    sort_dim: int = 16  # width s of the sorting network's block embeddings
+    sort_dim: int = 16  # width s of each head's sorting-network block embeddings
     iters: int = 8  # Sinkhorn normalisation rounds, 1..100
     temperature: float = 0.75  # divides the block-pair scores before Sinkhorn (lower = harder sort)
+    noise: float = 1.0  # scale of the Gumbel noise on the block-pair scores in training, >= 0 (0: none); none in eval
     pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
 
     def __post_init__(self):
@@ -50,6 +55,39 @@ class SinkhornConfig:
         check_positive(self, "sort_dim", "iters")
         check(self.iters <= MAX_ITERS, f"attention.iters must be in 1..{MAX_ITERS} (got {self.iters})")
         check_positive_number(self, "temperature")
+        check(isinstance(self.noise, (int, float)) and not isinstance(self.noise, bool) and self.noise >= 0,
+              f"attention.noise must be a non-negative number (got {self.noise!r})")
+
+
+def gumbel_like(t: Tensor) -> Tensor:
+    """Standard Gumbel noise ``-log(-log U)`` shaped and typed like ``t`` (drawn in float32).
+
+    Args:
+        t: the scores the noise is added to.
+    """
+    eps = torch.finfo(torch.float32).eps
+    u = torch.rand(t.shape, device=t.device).clamp(eps, 1 - eps)  # U(0, 1) kept off 0 and 1
+    return (-torch.log(-torch.log(u))).to(t.dtype)
+
+
+class HeadLinear(nn.Module):
+    """One linear map ``d -> s`` per head: ``x[B, h, n, d] -> [B, h, n, s]``.
+
+    Args:
+        heads: h.
+        dim_in: d.
+        dim_out: s.
+    """
+
+    def __init__(self, heads: int, dim_in: int, dim_out: int):
+        super().__init__()
+        bound = dim_in ** -0.5  # nn.Linear's default init range
+        self.weight = nn.Parameter(torch.empty(heads, dim_in, dim_out).uniform_(-bound, bound))  # [h, d, s]
+        self.bias = nn.Parameter(torch.empty(heads, 1, dim_out).uniform_(-bound, bound))  # [h, 1, s]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x[B, h, n, d] -> [B, h, n, s]``, head i through its own map (n·d·s MACs per head)."""
+        return x @ self.weight + self.bias  # [B, h, n, d] @ [h, d, s] -> [B, h, n, s]
 
 
 @register_attention("sinkhorn", SinkhornConfig)
@@ -65,8 +103,8 @@ class SinkhornAttention(DataDrivenAttention):
 
     def __init__(self, cfg: SinkhornConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
-        self.sort_q = nn.Linear(self.head_dim, cfg.sort_dim)  # block query embedding f
-        self.sort_k = nn.Linear(self.head_dim, cfg.sort_dim)  # block key embedding g
+        self.sort_q = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block query embedding f_h
+        self.sort_k = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block key embedding g_h
         self.layout(ctx.grid)
 
     def layout(self, grid: Grid) -> tuple[int, int]:
@@ -76,12 +114,20 @@ class SinkhornAttention(DataDrivenAttention):
         return b, ceil_to(m, b) // b
 
     def sort_matrix(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
-        """Soft permutation ``R[B, h, nb, nb]`` from blocks ``qb, kb[B, h, nb, b, d]`` (zero-padded, m real tokens)."""
+        """Soft permutation ``R[B, h, nb, nb]`` of every head (Gumbel noise in training).
+
+        Args:
+            qb, kb: query and key blocks ``[B, h, nb, b, d]`` (zero-padded).
+            m: real grid tokens.
+        """
         nb, b = qb.shape[2], qb.shape[3]
         count = (torch.arange(nb * b, device=qb.device) < m).view(nb, b).sum(-1, keepdim=True)  # [nb, 1] real tokens
         q_mean, k_mean = qb.sum(-2) / count, kb.sum(-2) / count  # [B, h, nb, d]
         scores = self.sort_q(q_mean) @ self.sort_k(k_mean).transpose(-2, -1)  # [B, h, nb, nb]
-        log_r = scores / (math.sqrt(self.cfg.sort_dim) * self.cfg.temperature)
+        scores = scores / math.sqrt(self.cfg.sort_dim)
+        if self.training and self.cfg.noise:
+            scores = scores + self.cfg.noise * gumbel_like(scores)
+        log_r = scores / self.cfg.temperature
         for _ in range(self.cfg.iters):
             log_r = log_r - log_r.logsumexp(dim=-2, keepdim=True)  # columns sum to 1
             log_r = log_r - log_r.logsumexp(dim=-1, keepdim=True)  # rows sum to 1
@@ -115,13 +161,13 @@ class SinkhornAttention(DataDrivenAttention):
         b, nb = self.layout(grid)
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
-        qb, kb, vb = (pad_tokens(t, nb * b).unflatten(-2, (nb, b)) for t in (qg, kg, vg))  # [B, h, nb, b, d]
-        r = self.sort_matrix(qb, kb, m)  # [B, h, nb, nb]
-        ks = (r @ kb.flatten(-2)).view_as(kb)  # [B, h, nb, b·d] -> [B, h, nb, b, d] sorted blocks
-        vs = (r @ vb.flatten(-2)).view_as(vb)
+        qb = pad_tokens(qg, nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, d]
+        kv = pad_tokens(torch.cat([kg, vg], -1), nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, 2d] keys | values
+        r = self.sort_matrix(qb, kv[..., :kg.shape[-1]], m)  # [B, h, nb, nb]
+        sorted_kv = (r @ kv.flatten(-2)).view_as(kv)  # [B, h, nb, b·2d] -> [B, h, nb, b, 2d] sorted blocks
+        keys, values = torch.cat([kv, sorted_kv], -2).chunk(2, -1)  # [B, h, nb, 2b, d] each: own block, sorted block
         bias = self.block_bias(r, b, m)  # [B, h, nb, 1, 2b]
-        out, lse = attend_pieces(qb, torch.cat([kb, ks], -2), torch.cat([vb, vs], -2), self.scale, bias,
-                                 self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
+        out, lse = attend_pieces(qb, keys, values, self.scale, bias, self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
         out, lse = out.flatten(2, 3)[..., :m, :], lse.flatten(2)[..., :m]  # [B, h, M, d], [B, h, M]
         if not P:
             return out
@@ -152,11 +198,11 @@ class SinkhornAttention(DataDrivenAttention):
     def attend_flops(self, grid: Grid) -> int:
         b, nb = self.layout(grid)
         d, h, s = self.head_dim, self.num_heads, self.cfg.sort_dim
-        # sorting network: sort_q and sort_k linears on the block means (nb·d·s each per head)
+        # sorting network: each head's sort_q and sort_k maps on its block means (nb·d·s each per head)
         flops = 2 * h * nb * d * s
         # block-pair scores f(q̄) @ g(k̄)ᵀ: nb·nb·s per head
         flops += h * nb * nb * s
-        # soft permutation R @ K and R @ V: nb·nb·(b·d) each per head
+        # soft permutation R @ [K | V]: nb·nb·(b·2d) per head
         flops += 2 * h * nb * nb * b * d
         # per block: q kᵀ (b·2b·d) and attn v (b·2b·d) against local + sorted block, per head
         flops += h * attend_pieces_flops(nb, b, 2 * b, d)

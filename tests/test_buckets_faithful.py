@@ -1,0 +1,142 @@
+"""The data-driven backends follow their papers: routing's local heads, sinkhorn's per-head Gumbel
+sorting, reformer's bucket count that grows with the sequence (issue 14)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_attention
+from vitzoo.attention import ConfigError
+
+
+def window_members(attn, m: int) -> torch.Tensor:
+    """``[M, M]`` True where grid tokens i and j share one of the local heads' windows."""
+    w = attn.cluster_size((m, 1))
+    idx = attn.windows(m, w, torch.device("cpu"))  # [K, w]
+    inside = torch.zeros(m, idx.shape[0], dtype=torch.bool)
+    inside[idx, torch.arange(idx.shape[0]).unsqueeze(-1)] = True  # [M, K]
+    return (inside.float() @ inside.float().T) > 0
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (6, 10), (7, 7)])
+def test_routing_windows_cover_every_token_once_or_twice(grid):
+    attn = make_attention("routing", grid, 0)
+    m = grid[0] * grid[1]
+    idx = attn.windows(m, attn.cluster_size(grid), torch.device("cpu"))
+    counts = torch.bincount(idx.flatten(), minlength=m)
+    assert counts.min() >= 1 and counts.max() <= 2 and idx.max() == m - 1
+    assert (idx[:, 1:] - idx[:, :-1] == 1).all()  # consecutive tokens
+
+
+@pytest.mark.parametrize("prefix", [0, 1], ids=["swin", "vit"])
+def test_routing_every_token_attends_to_its_window(prefix):
+    """Every grid token's output is non-zero, and in a local head it depends on exactly its window's values."""
+    torch.manual_seed(0)
+    grid, m = (6, 10), 60
+    attn = make_attention("routing", grid, prefix).double().eval()  # 4 heads: 0, 1 local; 2, 3 routing
+    x = torch.randn(1, prefix + m, 32, dtype=torch.float64)
+    q, k, v = (t.detach() for t in attn.split_heads(x))
+    v.requires_grad_()
+    out = attn.attend(q, k, v, grid)[:, :, prefix:]  # [1, h, M, d]
+    assert (out.abs().amax(-1).amax(1) > 0).all()  # every token, over its heads
+    assert (out[:, :2].abs().amax(-1) > 0).all()  # every token in every local head
+    share = window_members(attn, m)
+    for token in range(m):
+        grad, = torch.autograd.grad(out[0, 0, token].sum(), v, retain_graph=True)
+        depends = grad[0, 0, prefix:].abs().amax(-1) > 0  # [M] grid values that reach this token
+        assert torch.equal(depends, share[token]), token
+        assert depends[token]
+
+
+def test_routing_local_heads_option():
+    assert make_attention("routing", (8, 8), 0).local_heads == 2
+    assert make_attention("routing", (8, 8), 0, heads=2, dim=16).local_heads == 1
+    attn = make_attention("routing", (8, 8), 0, local_heads=3)
+    assert attn.local_heads == 3 and attn.centroids.shape == (1, 8, 8)
+    with pytest.raises(ConfigError, match="attention.local_heads=5 is more than the 4 heads") as err:
+        make_attention("routing", (8, 8), 0, local_heads=5)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="attention.local_heads must be a positive integer"):
+        make_attention("routing", (8, 8), 0, local_heads=0)
+
+
+def test_routing_only_local_heads_matches_reference():
+    torch.manual_seed(0)
+    attn = make_attention("routing", (6, 10), 1, local_heads=4).double().eval()
+    x = torch.randn(2, 61, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
+    attn.train()(x, (6, 10)).sum().backward()  # no routing head: no centroid step
+
+
+def sinkhorn_blocks(attn, x: torch.Tensor, same_heads: bool = False):
+    """Query and key blocks ``[B, h, 8, 8, d]`` of an 8x8 grid (with a class token); optionally head 0's in every head."""
+    q, k, _ = attn.split_heads(x)
+    qb, kb = q[:, :, 1:].unflatten(2, (8, 8)), k[:, :, 1:].unflatten(2, (8, 8))
+    if same_heads:
+        qb, kb = qb[:, :1].expand_as(qb), kb[:, :1].expand_as(kb)
+    return qb, kb
+
+
+def test_sinkhorn_sorting_differs_between_heads():
+    """Each head has its own sorting network: the same blocks in every head give a different R per head."""
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1).eval()
+    assert attn.sort_q.weight.shape == (4, 8, 16) and attn.sort_k.weight.shape == (4, 8, 16)
+    with torch.no_grad():
+        r = attn.sort_matrix(*sinkhorn_blocks(attn, torch.randn(2, 65, 32), same_heads=True), 64)  # [B, h, nb, nb]
+    for head in range(1, 4):
+        assert (r[:, head] - r[:, 0]).abs().max() > 1e-3, head
+
+
+def test_sinkhorn_gumbel_noise_in_training_only():
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1)
+    x = torch.randn(2, 65, 32)
+    with torch.no_grad():
+        blocks = sinkhorn_blocks(attn, x)
+        train = [attn.train().sort_matrix(*blocks, 64) for _ in range(2)]
+        evals = [attn.eval().sort_matrix(*blocks, 64) for _ in range(2)]
+        assert not torch.allclose(train[0], train[1])  # fresh noise every training forward
+        torch.testing.assert_close(evals[0], evals[1], rtol=0, atol=0)
+        assert not torch.allclose(train[0], evals[0])
+        quiet = make_attention("sinkhorn", (8, 8), 1, noise=0.0)
+        quiet.load_state_dict(attn.state_dict())
+        torch.testing.assert_close(quiet.train().sort_matrix(*blocks, 64), evals[0])  # noise 0: no noise
+        torch.testing.assert_close(train[0].sum(-1), torch.ones(2, 4, 8))  # still a soft permutation
+
+
+def test_sinkhorn_noise_option_is_checked():
+    with pytest.raises(ConfigError, match=r"attention.noise must be a non-negative number \(got -1.0\)") as err:
+        make_attention("sinkhorn", (8, 8), 1, noise=-1.0)
+    assert "\n" not in str(err.value)
+
+
+def test_reformer_buckets_grow_with_the_sequence():
+    sizes = {side: make_attention("reformer", (side, side), 0, bucket_size=16).n_buckets((side, side))
+             for side in (4, 8, 16, 32)}
+    assert sizes == {4: 2, 8: 4, 16: 16, 32: 64}  # ⌈M/16⌉, even, >= 2
+    assert make_attention("reformer", (6, 10), 0, bucket_size=12).n_buckets((6, 10)) == 6  # 60/12 = 5 -> 6
+    attn = make_attention("reformer", (16, 16), 1, bucket_size=16).eval()
+    assert attn.rotations.shape == (4, 8, 2, 8)  # [h, d, n_hashes, n_b/2]
+    q, k, _ = attn.split_heads(torch.randn(1, 257, 32))
+    buckets = attn.hash(k[:, :, 1:], 16)
+    assert buckets.max() < 16 and len(buckets.unique()) > 8  # the 256 tokens spread over the 16 buckets
+    assert attn.symbols()["n_b"] == 16
+
+
+def test_reformer_smaller_grid_uses_fewer_buckets_larger_grid_is_a_config_error():
+    torch.manual_seed(0)
+    attn = make_attention("reformer", (8, 8), 1, chunk_size=8, bucket_size=8).double().eval()  # 8 buckets
+    x = torch.randn(2, 17, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (4, 4)), attn.reference(x, (4, 4)), rtol=1e-6, atol=1e-8)  # 2 buckets
+    with pytest.raises(ConfigError, match="attention=reformer needs 32 buckets at the 16x16 grid but was built for "
+                                          "the 8x8 grid") as err:
+        attn(torch.randn(1, 257, 32, dtype=torch.float64), (16, 16))
+    assert "\n" not in str(err.value)
+
+
+def test_reformer_old_fixed_bucket_option_is_gone():
+    with pytest.raises(ConfigError, match="unknown option attention.n_buckets"):
+        make_attention("reformer", (8, 8), 1, n_buckets=8)
