@@ -48,6 +48,8 @@ def parse_args(argv=None) -> BenchOptions:
                    help="layer mode: natural window side for backends whose window option is null")
     p.add_argument("--no-references", dest="references", action="store_false",
                    help="skip timm / performer-pytorch / linformer / natten comparisons")
+    p.add_argument("--pair-global-tokens", type=int, default=d.pair_global_tokens,
+                   help="layer mode: up to this token count time each layer alternating with global in one process")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed calls before timing (at least 1)")
     p.add_argument("--repeats", type=int, default=d.repeats, help="timed blocks; the median is reported")
     p.add_argument("--min-time", type=float, default=d.min_time, help="target seconds per timed block")

@@ -21,6 +21,16 @@ CIFAR_ROOT = Path(os.environ.get("VITZOO_CIFAR10", ROOT.parent / "shared" / "dat
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
 
+@pytest.fixture(autouse=True)
+def _test_matmul_peak(tmp_path_factory, monkeypatch):
+    """MFU's matmul peak: a small matmul, cached in the session's temporary folder. A peak measured while
+    the suite keeps both cores busy must not land in the user's cache (``~/.cache/vitzoo``)."""
+    from vitzoo.flops import mfu
+
+    monkeypatch.setenv("VITZOO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "vitzoo_cache"))
+    monkeypatch.setattr(mfu, "PEAK_SIZE", {"cpu": 128, "cuda": 128})
+
+
 def attention_yaml(name: str) -> dict:
     """The options of ``configs/attention/<name>.yaml`` (what ``attention=<name>`` composes)."""
     return attention_options(name)

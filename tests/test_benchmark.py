@@ -12,12 +12,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from vitzoo.attention import list_attention
 from vitzoo.bench import (NOT_INSTALLED, BenchOptions, Timing, goal_rows, package_version, run_benchmark, run_job,
                           time_fns)
 from vitzoo.bench.compare import compare_runs, find_run_dirs, pareto_front, plotted_runs, sweep_command
+from vitzoo.flops import mfu as mfu_module
 from vitzoo.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +84,16 @@ def test_benchmark_end_to_end(tmp_path):
     assert {r["backend"] for r in layers} == {"global", "window"} and all(r["status"] == "ok" for r in layers)
     window = next(r for r in layers if r["backend"] == "window")
     assert _positive(window["flops_ratio"]) and _positive(window["time_ratio"]) and _positive(window["efficiency"])
+    # 64 tokens <= pair_global_tokens: timed in alternation with global in its own job
+    assert window["ratio_method"] == "paired" and _positive(window["ms_global_paired"])
+    assert float(window["time_ratio"]) == pytest.approx(float(window["ms_global_paired"]) / float(window["ms"]))
+    peak = env["matmul_peak_gmacs_s"]
+    for r in layers:  # MFU = analytic MACs x batch x 3 / time / peak
+        assert float(r["mfu"]) == pytest.approx(float(r["gmacs_analytic"]) * 3 / (float(r["ms"]) / 1e3) / peak, rel=1e-2)
+    for r in models:
+        assert float(r["train_mfu"]) == pytest.approx(float(r["gmacs_analytic"]) * 3 * float(r["train_img_s"]) / peak,
+                                                      rel=1e-2)
+        assert _positive(r["infer_mfu"])
 
     md = (out / "models.md").read_text().splitlines()
     assert md[0].startswith("| backend |") and set(md[1]) <= set("|-") and len(md) == 2 + len(models)
@@ -102,13 +114,16 @@ def test_layer_scaling_reports_unbuildable_sizes(tmp_path):
     """Layer mode at tiny sizes; a backend that refuses a size appears with the reason, not a crash."""
     out = tmp_path / "layers"
     opts = BenchOptions(mode="layers", attention=["global", "local"], tokens=[4, 16], isolate=False, out=str(out),
-                        **TINY)
+                        pair_global_tokens=0, **TINY)
     result = run_benchmark(opts, log=lambda msg: None)
     rows = {(r["backend"], r["tokens"]): r for r in result["layers"]}
     assert rows[("global", 4)]["status"] == rows[("global", 16)]["status"] == "ok"
     assert rows[("local", 16)]["status"] == "ok"
     assert rows[("local", 4)]["status"].startswith("cannot build: attention.kernel_size")  # 3x3 on a 2x2 grid
     assert rows[("global", 16)]["flops_ratio"] == 1.0
+    # pair_global_tokens=0: the speedup divides the times of the two rows (separate jobs)
+    assert rows[("local", 16)]["ratio_method"] == "separate processes" and "ms_global_paired" not in rows[("local", 16)]
+    assert rows[("local", 16)]["time_ratio"] == pytest.approx(rows[("global", 16)]["ms"] / rows[("local", 16)]["ms"])
     assert "cannot build" in (out / "layers.md").read_text()
     assert (out / "layer_scaling.png").read_bytes()[:8] == PNG_MAGIC
     # natten: one row (the 16-token layer; the 4-token one did not build), a ratio or "not installed"
@@ -185,27 +200,56 @@ def test_goals_mark_met_and_missed():
     refs = [{"level": "model", "backend": "global", "case": "vit_cifar 32px b64", "train_speed_ratio": 1.25,
              "train_speed_ratio_min": 1.1, "train_speed_ratio_max": 1.3, "infer_speed_ratio": 0.8},
             {"level": "layer", "backend": "performer", "fwd_bwd_speed_ratio": 3.0}]
-    layers = [{"backend": "global", "tokens": 4096, "status": "ok", "linear_cost": False},
+    layers = [{"backend": "global", "tokens": 4096, "status": "ok", "linear_cost": False, "peak_mb": 200.0},
               {"backend": "performer", "tokens": 4096, "status": "ok", "linear_cost": True, "efficiency": 0.9,
-               "time_ratio": 1.8, "flops_ratio": 2.0},
-              {"backend": "linformer", "tokens": 4096, "status": "ok", "linear_cost": True, "efficiency": 0.5,
-               "time_ratio": 1.0, "flops_ratio": 2.0},
+               "time_ratio": 5.0, "flops_ratio": 5.55, "ratio_method": "paired", "peak_mb": 150.0},
+              {"backend": "linformer", "tokens": 4096, "status": "ok", "linear_cost": True, "efficiency": 0.4,
+               "time_ratio": 2.0, "flops_ratio": 5.0, "ratio_method": "paired", "peak_mb": 250.0},
               {"backend": "nystrom", "tokens": 4096, "status": "out of memory during forward+backward",
                "linear_cost": True},
-              {"backend": "window", "tokens": 1024, "status": "ok", "linear_cost": True, "efficiency": 0.1}]
+              {"backend": "window", "tokens": 1024, "status": "ok", "linear_cost": True, "efficiency": 0.1},
+              {"backend": "window", "tokens": 16384, "status": "ok", "linear_cost": True, "time_ratio": 12.0,
+               "ratio_method": "separate processes"}]
     goals = goal_rows([], layers, refs, BenchOptions(mode="all"))
-    assert [(g["goal"], g["measured"], g["status"]) for g in goals] == [
-        ("vitzoo vit `global` train speed vs timm VisionTransformer (vit_cifar 32px b64)", "1.25 (1.10–1.30)", "met"),
-        ("vitzoo vit `global` infer speed vs timm VisionTransformer (vit_cifar 32px b64)", "0.80", "missed"),
-        ("vitzoo swin `window` train speed vs timm SwinTransformer", "",
+    assert [(g["goal"], g["measured"], g["target"], g["status"]) for g in goals] == [
+        ("vitzoo vit `global` train speed vs timm VisionTransformer (amp none) (vit_cifar 32px b64)",
+         "1.25 (1.10–1.30)", ">= 1.00", "met"),
+        ("vitzoo vit `global` infer speed vs timm VisionTransformer (amp none) (vit_cifar 32px b64)", "0.80", ">= 1.00",
+         "missed"),
+        ("vitzoo swin `window` train speed vs timm SwinTransformer (amp none)", "", ">= 1.00",
          "not measured (needs a swin_* model and the window backend)"),
-        ("vitzoo swin `window` infer speed vs timm SwinTransformer", "",
+        ("vitzoo swin `window` infer speed vs timm SwinTransformer (amp none)", "", ">= 1.00",
          "not measured (needs a swin_* model and the window backend)"),
-        ("`performer` at 4096 tokens: measured speedup / analytic FLOPs ratio", "0.90 (1.80x of 2.00x)", "met"),
-        ("`linformer` at 4096 tokens: measured speedup / analytic FLOPs ratio", "0.50 (1.00x of 2.00x)", "missed"),
-        ("`nystrom` at 4096 tokens: measured speedup / analytic FLOPs ratio", "",
-         "not measured: out of memory during forward+backward")]
-    assert all(g["target"] == ">= 1.00" for g in goals[:4]) and all(g["target"] == ">= 0.8" for g in goals[4:])
+        ("`performer` at 4096 tokens: time ratio / FLOPs ratio over global", "0.90 (5.00x of 5.55x, paired)", ">= 0.5",
+         "met"),
+        ("`performer` at 4096 tokens: speedup over global", "5.00x, paired", ">= 4.5", "met"),
+        ("`linformer` at 4096 tokens: time ratio / FLOPs ratio over global", "0.40 (2.00x of 5.00x, paired)", ">= 0.5",
+         "missed"),
+        ("`nystrom` at 4096 tokens: time ratio / FLOPs ratio over global", "", ">= 0.5",
+         "not measured (out of memory during forward+backward)"),
+        ("`performer` at 4096 tokens: peak memory vs global", "150 MB vs 200 MB", "<= global", "met"),
+        ("`linformer` at 4096 tokens: peak memory vs global", "250 MB vs 200 MB", "<= global", "missed"),
+        ("`nystrom` at 4096 tokens: peak memory vs global", "", "<= global",
+         "not measured (global or this backend not measured)"),
+        ("`window` at 16384 tokens: speedup over global", "12.00x, separate processes", ">= 10.0", "met")]
+
+
+def test_matmul_peak_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITZOO_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    monkeypatch.setattr(mfu_module, "_time_matmul", lambda n, dtype, device: calls.append(dtype) or 0.5)
+    first = mfu_module.matmul_peak("cpu", "bf16")
+    assert first == pytest.approx(128 ** 3 / 0.5) and calls == [torch.bfloat16]
+    assert mfu_module.matmul_peak("cpu", "bf16") == first and len(calls) == 1  # cached
+    assert mfu_module.cache_file().parent == tmp_path / "cache"
+    mfu_module.matmul_peak("cpu", "bf16", refresh=True)
+    mfu_module.matmul_peak("cpu", "fp32")
+    assert calls == [torch.bfloat16, torch.bfloat16, torch.float32]
+    with pytest.raises(ValueError, match="dtype"):
+        mfu_module.matmul_peak("cpu", "int8")
+    assert [mfu_module.precision_dtype(p) for p in ("32-true", "bf16-mixed", "16-mixed", "none", None, "bf16")] == [
+        "fp32", "bf16", "fp16", "fp32", "fp32", "bf16"]
+    assert mfu_module.mfu(6e9, 2.0, 1e10) == pytest.approx(0.3) and mfu_module.mfu(6e9, 2.0, None) is None
 
 
 def test_benchmark_cli_parses_lists():

@@ -63,6 +63,9 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     assert (on_disk["model"], on_disk["attention"], on_disk["data"]) == (model, attention, "digits")
     assert 0 <= on_disk["best_val_acc"] <= on_disk["best_val_acc5"] <= 1
     assert on_disk["train_images_per_s"] > 0 and on_disk["infer_images_per_s"] > 0 and on_disk["epochs"] == 30
+    # train MFU: analytic MACs x 3 per training image over the cached matmul peak
+    assert on_disk["train_mfu"] == pytest.approx(on_disk["gmacs_analytic"] * 3 * on_disk["train_images_per_s"]
+                                                 / on_disk["matmul_peak_gmacs_s"])
     assert on_disk["gmacs"] > 0 and on_disk["params"] == sum(p.numel() for p in module.net.parameters())
 
     log = pd.read_csv(tmp_path / "csv" / "metrics.csv")

@@ -37,7 +37,7 @@ and draws the accuracy/throughput bubble chart with its Pareto front.
 Modules: ``options`` (:class:`BenchOptions`, backend/model names), ``environment`` (the machine),
 ``timing`` (:func:`time_fns`), ``memory`` (:class:`PeakMemory`), ``references`` (timm,
 performer-pytorch, linformer, natten), ``jobs`` (one measurement each), ``worker`` (one process per
-job), ``run`` (:func:`run_benchmark`), ``report`` (tables, goals, chart) and ``compare``.
+job), ``run`` (:func:`run_benchmark`), ``goals`` (met / missed), ``report`` (tables, chart) and ``compare``.
 """
 from vitzoo.bench.compare import compare_runs, find_run_dirs, pareto_front, plot_bubbles, read_run, sweep_command
 from vitzoo.bench.environment import environment, package_version
@@ -46,7 +46,8 @@ from vitzoo.bench.memory import PeakMemory
 from vitzoo.bench.options import BenchOptions, model_family, resolve_device, select_backends
 from vitzoo.bench.references import (LAYER_REFERENCES, MODEL_REFERENCES, NOT_INSTALLED, ReferenceUnavailable,
                                      layer_reference, timm_reference)
-from vitzoo.bench.report import goal_rows, markdown_table, plot_scaling, write_csv, write_outputs
+from vitzoo.bench.goals import goal_rows
+from vitzoo.bench.report import markdown_table, plot_scaling, write_csv, write_outputs
 from vitzoo.bench.run import run_benchmark
 from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.bench.worker import run_job

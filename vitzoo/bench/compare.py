@@ -19,7 +19,7 @@ from vitzoo.bench.report import markdown_table, write_csv
 from vitzoo.models import list_models
 
 RUN_COLUMNS = ["attention", "model", "data", "status", "best_val_acc", "best_val_acc5", "val_loss",
-               "train_images_per_s", "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic",
+               "train_images_per_s", "train_mfu", "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic",
                "epochs", "overrides", "run_dir", "error"]
 X_AXES = {"train": "train_images_per_s", "infer": "infer_images_per_s"}
 X_LABELS = {"train_images_per_s": "training throughput (images/s)",
@@ -212,9 +212,9 @@ def _sort_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _runs_md(rows: Sequence[Mapping[str, Any]]) -> str:
     view = [{**r, "params_m": r["params"] / 1e6 if _finite(r.get("params")) else None} for r in rows]
     cols = ["attention", "model", "data", "status", "best_val_acc_pct", "best_val_acc5_pct", "train_images_per_s",
-            "infer_images_per_s", "peak_memory_mb", "params_m", "gmacs", "epochs", "run_dir", "error"]
+            "train_mfu", "infer_images_per_s", "peak_memory_mb", "params_m", "gmacs", "epochs", "run_dir", "error"]
     return markdown_table(view, cols, {"best_val_acc_pct": "val acc %", "best_val_acc5_pct": "val acc@5 %",
-                                       "train_images_per_s": "train img/s", "infer_images_per_s": "infer img/s",
+                                       "train_images_per_s": "train img/s", "train_mfu": "train MFU", "infer_images_per_s": "infer img/s",
                                        "peak_memory_mb": "peak MB", "params_m": "params M", "gmacs": "GMACs",
                                        "run_dir": "run"})
 

@@ -273,12 +273,25 @@ def _layer_cost(attn: nn.Module, grid: tuple[int, int], gmacs_global: float) -> 
             "params": _params(attn)}
 
 
+def _paired_global(job: Mapping[str, Any], ctx: MixerContext, setup: _Setup, x: torch.Tensor,
+                   g: torch.Tensor) -> Callable[[], None] | None:
+    """fwd+bwd of ``global`` on the same input, to time in alternation with the layer (None: not paired)."""
+    if job["backend"] == "global" or job["tokens"] > job.get("pair_global_tokens", 0):
+        return None
+    ref = build_attention("global", ctx).to(setup.device).train()
+    return _fwd_bwd(setup, setup.maybe_compile(LayerHost(ref, ctx.grid)), ref, x, g)
+
+
 def layer_job(job: Mapping[str, Any]) -> Row:
     """One attention layer at one token count: forward+backward time and peak memory.
 
+    The peak is that of two warm-up steps before anything else is built. Up to ``pair_global_tokens``
+    tokens, ``global`` is then built too and both are timed in alternating blocks (ABBA), so
+    ``ms_global_paired`` / ``ms`` is a speed ratio measured in one process.
+
     Args:
-        job: ``backend``, ``spec``, ``tokens``, ``dim``, ``heads``, ``batch``, ``prefix``, ``window`` and the
-            common keys.
+        job: ``backend``, ``spec``, ``tokens``, ``dim``, ``heads``, ``batch``, ``prefix``, ``window``,
+            ``pair_global_tokens`` and the common keys.
     """
     setup = _Setup(job)
     ctx = _layer_context(job)
@@ -295,10 +308,19 @@ def layer_job(job: Mapping[str, Any]) -> Row:
         setup.memory.start()
         x, g = _layer_input(job, ctx, setup.device)
         step = _fwd_bwd(setup, setup.maybe_compile(LayerHost(attn, ctx.grid)), attn, x, g)
-        t = time_fns({"m": step}, setup.device, **setup.timing)["m"]
+        for _ in range(2):
+            step()
         row["peak_mb"] = setup.memory.peak_mb()
-        row["ms"], row["ms_min"], row["ms_max"] = t.median * 1e3, t.min * 1e3, t.max * 1e3
-        row["repeats"], row["iters"] = len(t.seconds), t.iters
+        fns = {"m": step}
+        what = "global (paired timing)"
+        if (paired := _paired_global(job, ctx, setup, x, g)) is not None:
+            fns["global"] = paired
+        what = "forward+backward"
+        t = time_fns(fns, setup.device, **setup.timing)
+        row["ms"], row["ms_min"], row["ms_max"] = t["m"].median * 1e3, t["m"].min * 1e3, t["m"].max * 1e3
+        row["repeats"], row["iters"] = len(t["m"].seconds), t["m"].iters
+        if "global" in t:
+            row["ms_global_paired"] = t["global"].median * 1e3
     except Exception as exc:  # noqa: BLE001
         return _error_row(row, exc, what)
     row["status"] = "ok"

@@ -30,6 +30,10 @@ class BenchOptions:
             channels, heads, batch, prefix tokens and natural window side (backends whose window
             option is null use it).
         references: also time the reference implementations (when installed).
+        pair_global_tokens: up to this token count each layer is timed in alternating blocks (ABBA)
+            with ``global`` in the same process, so its speedup over ``global`` is a ratio measured in one
+            process; above it (``global`` is quadratic: ~16 s per call at 16,384 tokens on 2 CPU cores)
+            the speedup divides times of separate processes. 0: never paired.
         warmup, repeats, min_time, max_time: timing (see :func:`vitzoo.bench.timing.time_fns`);
             ``max_time`` caps the seconds one measurement may take by lowering ``repeats`` (never
             below 3, or below ``repeats`` if that is smaller).
@@ -57,6 +61,7 @@ class BenchOptions:
     layer_prefix: int = 0
     layer_window: int = 8
     references: bool = True
+    pair_global_tokens: int = 4096
     warmup: int = 3
     repeats: int = 5
     min_time: float = 0.5

@@ -12,15 +12,14 @@ import matplotlib
 from matplotlib.figure import Figure  # the object API: no pyplot, no global backend, no open figures
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from vitzoo.bench.options import BenchOptions
-from vitzoo.bench.references import MODEL_REFERENCES
 
 MODEL_COLUMNS = ["backend", "model", "img_size", "batch", "tokens", "status", "train_img_s", "train_img_s_min",
-                 "train_img_s_max", "infer_img_s", "infer_img_s_min", "infer_img_s_max", "latency_ms", "latency_ms_min",
+                 "train_img_s_max", "train_mfu", "train_gmacs_s", "infer_img_s", "infer_img_s_min", "infer_img_s_max", "infer_mfu", "infer_gmacs_s", "latency_ms", "latency_ms_min",
                  "latency_ms_max", "train_peak_mb", "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic", "repeats",
                  "iters", "threads", "device", "amp", "compile", "memory_method", "note"]
 LAYER_COLUMNS = ["backend", "tokens", "grid", "status", "ms", "ms_min", "ms_max", "peak_mb", "gmacs_analytic",
-                 "gmacs_analytic_global", "flops_ratio", "time_ratio", "efficiency", "linear_cost", "formula", "params",
+                 "gmacs_analytic_global", "flops_ratio", "time_ratio", "efficiency", "ratio_method", "ms_global_paired",
+                 "gmacs_s", "mfu", "linear_cost", "formula", "params",
                  "dim", "heads", "batch", "prefix", "repeats", "iters", "threads", "device", "amp", "compile",
                  "memory_method"]
 SPEED_RATIOS = ("train_speed_ratio", "infer_speed_ratio", "latency_speed_ratio", "fwd_bwd_speed_ratio",
@@ -30,70 +29,8 @@ REF_COLUMNS = ["level", "backend", "case", "reference", "status", *SPEED_RATIOS,
                "latency_ms_reference", "fwd_bwd_ms_vitzoo", "fwd_bwd_ms_reference", "fwd_ms_vitzoo", "fwd_ms_reference",
                "params_vitzoo", "params_reference", "reference_kwargs", "repeats", "iters", "threads", "device"]
 GOAL_COLUMNS = ["goal", "measured", "target", "status"]
-GOAL_TOKENS = 4096
-GOAL_EFFICIENCY = 0.8
 
 Rows = Sequence[Mapping[str, Any]]
-
-
-# --------------------------------------------------------------------------------------------- goals
-
-def _model_goals(refs: Rows, opts: BenchOptions) -> list[dict[str, Any]]:
-    """vitzoo ViT / Swin at least as fast as timm's, per phase and measured case."""
-    goals: list[dict[str, Any]] = []
-    for family, (backend, ref_name) in MODEL_REFERENCES.items():
-        rows = [r for r in refs if r.get("level") == "model" and r.get("backend") == backend]
-        for phase in ("train", "infer"):
-            goal = f"vitzoo {family} `{backend}` {phase} speed vs {ref_name}"
-            if not rows:
-                why = ("--no-references" if not opts.references else "models mode off" if opts.mode == "layers"
-                       else f"needs a {family}_* model and the {backend} backend")
-                goals.append({"goal": goal, "measured": "", "target": ">= 1.00", "status": f"not measured ({why})"})
-            for r in rows:
-                v = r.get(f"{phase}_speed_ratio")
-                spread = (f" ({r[f'{phase}_speed_ratio_min']:.2f}–{r[f'{phase}_speed_ratio_max']:.2f})"
-                          if r.get(f"{phase}_speed_ratio_min") is not None else "")
-                goals.append({"goal": f"{goal} ({r.get('case', '')})",
-                              "measured": "" if v is None else f"{v:.2f}{spread}", "target": ">= 1.00",
-                              "status": ("met" if v >= 1.0 else "missed") if v is not None
-                              else f"not measured: {r.get('status')}"})
-    return goals
-
-
-def _layer_goals(layers: Rows) -> list[dict[str, Any]]:
-    """Linear-cost backends at :data:`GOAL_TOKENS` tokens: measured speedup over ``global`` at least
-    :data:`GOAL_EFFICIENCY` of the analytic FLOPs ratio."""
-    at = [r for r in layers if r.get("tokens") == GOAL_TOKENS]
-    if not at:
-        return [{"goal": f"linear-cost backends at {GOAL_TOKENS} tokens: speedup over global >= "
-                         f"{GOAL_EFFICIENCY} x analytic FLOPs ratio", "measured": "", "target": "",
-                 "status": f"not measured ({GOAL_TOKENS} not in --tokens or layers mode off)"}]
-    g = next((r for r in at if r.get("backend") == "global"), None)
-    goals: list[dict[str, Any]] = []
-    for r in (r for r in at if r.get("linear_cost")):
-        goal = f"`{r['backend']}` at {GOAL_TOKENS} tokens: measured speedup / analytic FLOPs ratio"
-        if r.get("efficiency") is not None:
-            goals.append({"goal": goal, "measured": f"{r['efficiency']:.2f} ({r['time_ratio']:.2f}x of "
-                                                     f"{r['flops_ratio']:.2f}x)",
-                          "target": f">= {GOAL_EFFICIENCY}",
-                          "status": "met" if r["efficiency"] >= GOAL_EFFICIENCY else "missed"})
-        else:
-            why = r.get("status") if r.get("status") != "ok" else f"global: {g.get('status') if g else 'not run'}"
-            goals.append({"goal": goal, "measured": "", "target": f">= {GOAL_EFFICIENCY}",
-                          "status": f"not measured: {why}"})
-    return goals
-
-
-def goal_rows(models: Rows, layers: Rows, refs: Rows, opts: BenchOptions) -> list[dict[str, Any]]:
-    """The issue's goals, each met / missed / not measured (reported, never asserted).
-
-    Args:
-        models: model rows (unused by the current goals; kept so every table can feed a goal).
-        layers: layer rows, with ``time_ratio`` / ``efficiency`` already added.
-        refs: reference rows.
-        opts: the run's options (to say why a goal was not measured).
-    """
-    return _model_goals(refs, opts) + _layer_goals(layers)
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -155,11 +92,11 @@ def _range(r: Mapping[str, Any], key: str) -> str:
 def _model_md(rows: Rows) -> str:
     view = [{**r, "train": _range(r, "train_img_s"), "infer": _range(r, "infer_img_s"),
              "latency": _range(r, "latency_ms")} for r in rows]
-    cols = ["backend", "model", "img_size", "batch", "status", "train", "infer", "latency", "train_peak_mb",
-            "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic"]
+    cols = ["backend", "model", "img_size", "batch", "status", "train", "train_mfu", "infer", "infer_mfu", "latency",
+            "train_peak_mb", "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic"]
     return markdown_table(view, cols, {"img_size": "img", "train": "train img/s (min–max)",
                                        "infer": "infer img/s (min–max)", "latency": "batch-1 ms (min–max)",
-                                       "train_peak_mb": "train peak MB", "infer_peak_mb": "infer peak MB",
+                                       "train_peak_mb": "train peak MB", "train_mfu": "train MFU", "infer_mfu": "infer MFU", "infer_peak_mb": "infer peak MB",
                                        "params_m": "params M", "gmacs": "GMACs (fvcore)",
                                        "gmacs_analytic": "GMACs (analytic)"})
 
@@ -167,12 +104,13 @@ def _model_md(rows: Rows) -> str:
 def _layer_md(rows: Rows) -> str:
     view = [{**r, "time": _range(r, "ms")} for r in rows]
     cols = ["backend", "tokens", "status", "time", "peak_mb", "gmacs_analytic", "flops_ratio", "time_ratio",
-            "efficiency", "formula"]
+            "efficiency", "ratio_method", "mfu", "formula"]
     return markdown_table(view, cols, {"time": "fwd+bwd ms (min–max)", "peak_mb": "peak MB",
                                        "gmacs_analytic": "GMACs/img (analytic)",
                                        "flops_ratio": "FLOPs ratio global/backend",
                                        "time_ratio": "time ratio global/backend",
-                                       "efficiency": "time ratio / FLOPs ratio"})
+                                       "efficiency": "time ratio / FLOPs ratio",
+                                       "ratio_method": "time ratio from", "mfu": "MFU"})
 
 
 def _ref_md(rows: Rows) -> str:
@@ -240,7 +178,8 @@ def _report_head(env: Mapping[str, Any]) -> str:
     return (f"# vitzoo benchmark {env['date']}\n\n"
             f"device **{env['device']}** ({env.get('gpu') or env['cpu_model']}), torch {env['torch']}, "
             f"{env['torch_threads']} threads, load average {env['load_average']} → {env.get('load_average_end')}, "
-            f"amp {env['options']['amp']}, compile {env['options']['compile']}. Numbers are medians over "
+            f"amp {env['options']['amp']}, compile {env['options']['compile']}, dense matmul peak "
+            f"{env.get('matmul_peak_gmacs_s')} GMACs/s (MFU = analytic MACs × 3 for fwd+bwd ÷ time ÷ peak). Numbers are medians over "
             f"repeats (min–max in brackets), warm-up excluded. Peak memory: {env['memory_method']}.\n")
 
 

@@ -12,9 +12,11 @@ from typing import Any, Optional
 from vitzoo.bench.environment import ROOT, environment, load_average, mem_available_gb
 from vitzoo.bench.options import BenchOptions, model_family, model_img_size, resolve_device, select_backends
 from vitzoo.bench.references import LAYER_REFERENCES, MODEL_REFERENCES, reference_status
-from vitzoo.bench.report import GOAL_COLUMNS, SPEED_RATIOS, goal_rows, markdown_table, write_outputs
+from vitzoo.bench.goals import goal_rows
+from vitzoo.bench.report import GOAL_COLUMNS, SPEED_RATIOS, markdown_table, write_outputs
 from vitzoo.bench.worker import run_job
 from vitzoo.configs import attention_options
+from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 
 Row = dict[str, Any]
 Run = Callable[[dict[str, Any]], Row]  # one job -> its row (streamed to rows.jsonl)
@@ -88,7 +90,7 @@ def _run_layers(opts: BenchOptions, backends: list[str], run: Run, log: Callable
     """Every backend at every token count (larger counts skipped after running out of memory or time),
     and the layer reference where it is installed."""
     layer = dict(dim=opts.layer_dim, heads=opts.layer_heads, batch=opts.layer_batch, prefix=opts.layer_prefix,
-                 window=opts.layer_window)
+                 window=opts.layer_window, pair_global_tokens=opts.pair_global_tokens)
     for backend in backends:
         stop_reason = None
         for tokens in sorted(opts.tokens):
@@ -147,6 +149,9 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
     out = Path(opts.out or ROOT / "outputs" / "benchmark" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     env = _environment(opts, device, backends, mem_limit)
+    # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine) and cached for training runs
+    peak = matmul_peak(device, precision_dtype(opts.amp), refresh=True)
+    env["matmul_peak_gmacs_s"] = peak / 1e9
     log(f"vitzoo benchmark -> {out}\n  device {device} ({env.get('gpu', env['cpu_model'])}), threads "
         f"{env['torch_threads']}, load {env['load_average']}, backends: {', '.join(backends)}")
     t_start = time.time()
@@ -159,6 +164,7 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
     if opts.mode in ("all", "layers"):
         _run_layers(opts, backends, run, log, layers, refs)
         refs += _unmeasured_layer_refs(opts, backends, refs)
+    add_mfu(models, layers, peak)
     goals = goal_rows(models, layers, refs, opts)
     env.update(load_average_end=load_average(), wall_seconds=round(time.time() - t_start, 1))
     result = {"out": str(out), "models": models, "layers": layers, "references": refs, "goals": goals,
@@ -192,12 +198,44 @@ def _brief_ref(row: Mapping[str, Any]) -> str:
 def add_layer_ratios(layers: list[Row]) -> None:
     """Measured speedup over ``global`` (``time_ratio``) and its share of the analytic one (``efficiency``).
 
+    The speedup is ``ms_global_paired / ms`` where the layer was timed in alternation with ``global``
+    in its process (``ratio_method`` ``paired``), else ``global``'s row time over the layer's
+    (``separate processes``).
+
     Args:
         layers: layer rows, updated in place.
     """
     global_ms = {r["tokens"]: r["ms"] for r in layers if r.get("backend") == "global" and r.get("status") == "ok"}
     for r in layers:
-        if r.get("status") == "ok" and r["tokens"] in global_ms:
+        if r.get("status") != "ok":
+            continue
+        if r.get("ms_global_paired"):
+            r["time_ratio"], r["ratio_method"] = r["ms_global_paired"] / r["ms"], "paired"
+        elif r["tokens"] in global_ms:
             r["time_ratio"] = global_ms[r["tokens"]] / r["ms"]
-            if r.get("flops_ratio"):
-                r["efficiency"] = r["time_ratio"] / r["flops_ratio"]
+            r["ratio_method"] = "same row" if r.get("backend") == "global" else "separate processes"
+        if r.get("time_ratio") and r.get("flops_ratio"):
+            r["efficiency"] = r["time_ratio"] / r["flops_ratio"]
+
+
+def add_mfu(models: list[Row], layers: list[Row], peak: Optional[float]) -> None:
+    """Achieved GMACs/s and MFU (see :mod:`vitzoo.flops.mfu`) of every timed row, in place.
+
+    A layer row's work is its analytic MACs × batch × 3 (forward + backward); a model row's training
+    work is analytic MACs × 3 per image at ``train_img_s``, its inference work MACs per image at ``infer_img_s``.
+
+    Args:
+        models, layers: rows of the run.
+        peak: the machine's dense matmul peak in MACs/s for the run's dtype.
+    """
+    for r in layers:
+        if r.get("status") == "ok" and r.get("gmacs_analytic"):
+            secs = r["ms"] / 1e3
+            r["gmacs_s"] = r["gmacs_analytic"] * r["batch"] * 3 / secs
+            r["mfu"] = mfu(r["gmacs_analytic"] * 1e9 * r["batch"] * 3, secs, peak)
+    for r in models:
+        if r.get("status") == "ok" and r.get("gmacs_analytic"):
+            for phase, factor in (("train", 3), ("infer", 1)):
+                if r.get(f"{phase}_img_s"):
+                    r[f"{phase}_gmacs_s"] = r["gmacs_analytic"] * factor * r[f"{phase}_img_s"]
+                    r[f"{phase}_mfu"] = mfu(r[f"{phase}_gmacs_s"] * 1e9, 1.0, peak)

@@ -20,6 +20,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from vitzoo.bench.memory import PeakMemory
 from vitzoo.export import export_model
 from vitzoo.flops import count_flops
+from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
@@ -143,9 +144,12 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     if export_dir is not None and rank_zero_only.rank == 0:
         write_export(partial(export_model, module.net, data=dm.describe()), export_dir)
     infer = trainer_throughput(trainer, module.net, bench)
+    # MFU: analytic MACs x 3 (forward + backward) per training image over the machine's cached matmul peak
+    peak = matmul_peak(trainer.strategy.root_device, precision_dtype(cfg.trainer.get("precision")))
     final = results.update(
         status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),
         val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,
+        train_mfu=mfu(report.analytic * 3 * (speed.images_per_s or 0), 1.0, peak), matmul_peak_gmacs_s=peak / 1e9,
         peak_memory_mb=train_peak_mb, epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
         export_dir=str(export_dir) if export_dir else None, wall_s=time.perf_counter() - start, output_dir=str(out_dir))
     if rank_zero_only.rank == 0:

@@ -1,0 +1,115 @@
+"""The benchmark's goals, each reported met / missed / not measured (never asserted: tests don't time).
+
+* models: vitzoo's ViT (``global``) and Swin (``window``) at least as fast as their timm twins;
+* layers at :data:`GOAL_TOKENS` tokens: every linear-cost backend keeps at least :data:`GOAL_SHARE`
+  of its analytic FLOPs advantage over ``global`` as a time advantage; the neighbourhood family and
+  ``performer`` reach fixed speedups (:data:`SPEEDUP_GOALS`); no linear-cost backend needs more peak
+  memory than ``global``;
+* layers at :data:`LONG_TOKENS` tokens: every linear-cost backend at least :data:`LONG_SPEEDUP`× faster.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+from vitzoo.bench.options import BenchOptions
+from vitzoo.bench.references import MODEL_REFERENCES
+
+GOAL_TOKENS = 4096
+GOAL_SHARE = 0.5  # time ratio / FLOPs ratio of a linear-cost backend at GOAL_TOKENS
+SPEEDUP_GOALS = {"local": 5.0, "dilated": 5.0, "longformer": 5.0, "global_tokens": 5.0, "bigbird": 5.0,
+                 "performer": 4.5}  # time ratio over global at GOAL_TOKENS (performer: the LRA paper's 5.7x at 4K)
+LONG_TOKENS = 16384
+LONG_SPEEDUP = 10.0
+
+Rows = Sequence[Mapping[str, Any]]
+Goal = dict[str, Any]
+
+
+def _goal(goal: str, measured: str, target: str, met: Optional[bool], why: str = "") -> Goal:
+    status = ("met" if met else "missed") if met is not None else f"not measured ({why})"
+    return {"goal": goal, "measured": measured, "target": target, "status": status}
+
+
+def _model_goals(refs: Rows, opts: BenchOptions) -> list[Goal]:
+    """vitzoo ViT / Swin at least as fast as timm's, per phase and measured case."""
+    goals: list[Goal] = []
+    for family, (backend, ref_name) in MODEL_REFERENCES.items():
+        rows = [r for r in refs if r.get("level") == "model" and r.get("backend") == backend]
+        for phase in ("train", "infer"):
+            goal = f"vitzoo {family} `{backend}` {phase} speed vs {ref_name} (amp {opts.amp})"
+            if not rows:
+                why = ("--no-references" if not opts.references else "models mode off" if opts.mode == "layers"
+                       else f"needs a {family}_* model and the {backend} backend")
+                goals.append(_goal(goal, "", ">= 1.00", None, why))
+            for r in rows:
+                v = r.get(f"{phase}_speed_ratio")
+                spread = (f" ({r[f'{phase}_speed_ratio_min']:.2f}–{r[f'{phase}_speed_ratio_max']:.2f})"
+                          if r.get(f"{phase}_speed_ratio_min") is not None else "")
+                goals.append(_goal(f"{goal} ({r.get('case', '')})", "" if v is None else f"{v:.2f}{spread}",
+                                   ">= 1.00", None if v is None else v >= 1.0, str(r.get("status"))))
+    return goals
+
+
+def _ratio_goals(at: Rows, tokens: int, g: Optional[Mapping[str, Any]]) -> list[Goal]:
+    """Share of the FLOPs ratio kept, and the fixed speedups, at ``tokens``."""
+    goals: list[Goal] = []
+    why_global = f"global: {g.get('status') if g else 'not run'}"
+    for r in at:
+        b, ok = r["backend"], r.get("time_ratio") is not None
+        why = r.get("status") if r.get("status") != "ok" else why_global
+        how = f", {r.get('ratio_method')}" if ok else ""
+        if r.get("linear_cost"):
+            goals.append(_goal(f"`{b}` at {tokens} tokens: time ratio / FLOPs ratio over global",
+                               f"{r['efficiency']:.2f} ({r['time_ratio']:.2f}x of {r['flops_ratio']:.2f}x{how})"
+                               if ok and r.get("efficiency") is not None else "", f">= {GOAL_SHARE}",
+                               r["efficiency"] >= GOAL_SHARE if ok and r.get("efficiency") is not None else None, why))
+        if b in SPEEDUP_GOALS:
+            goals.append(_goal(f"`{b}` at {tokens} tokens: speedup over global",
+                               f"{r['time_ratio']:.2f}x{how}" if ok else "", f">= {SPEEDUP_GOALS[b]}",
+                               r["time_ratio"] >= SPEEDUP_GOALS[b] if ok else None, why))
+    return goals
+
+
+def _memory_goals(at: Rows, tokens: int, g: Optional[Mapping[str, Any]]) -> list[Goal]:
+    """Peak memory of each linear-cost backend at most ``global``'s."""
+    g_mb = g.get("peak_mb") if g and g.get("status") == "ok" else None
+    return [_goal(f"`{r['backend']}` at {tokens} tokens: peak memory vs global",
+                  f"{r['peak_mb']:.0f} MB vs {g_mb:.0f} MB" if g_mb and r.get("peak_mb") else "",
+                  "<= global", r["peak_mb"] <= g_mb if g_mb and r.get("peak_mb") else None,
+                  "global or this backend not measured")
+            for r in at if r.get("linear_cost")]
+
+
+def _long_goals(at: Rows, tokens: int) -> list[Goal]:
+    """Every linear-cost backend at least :data:`LONG_SPEEDUP`× faster than ``global`` at ``tokens``."""
+    return [_goal(f"`{r['backend']}` at {tokens} tokens: speedup over global",
+                  f"{r['time_ratio']:.2f}x, {r.get('ratio_method')}" if r.get("time_ratio") else "",
+                  f">= {LONG_SPEEDUP}", r["time_ratio"] >= LONG_SPEEDUP if r.get("time_ratio") else None,
+                  str(r.get("status")) if r.get("status") != "ok" else "global not measured")
+            for r in at if r.get("linear_cost")]
+
+
+def _layer_goals(layers: Rows) -> list[Goal]:
+    goals: list[Goal] = []
+    for tokens, make in ((GOAL_TOKENS, lambda at, g: _ratio_goals(at, GOAL_TOKENS, g) + _memory_goals(
+            at, GOAL_TOKENS, g)), (LONG_TOKENS, lambda at, g: _long_goals(at, LONG_TOKENS))):
+        at = [r for r in layers if r.get("tokens") == tokens]
+        if not at:
+            goals.append(_goal(f"layer goals at {tokens} tokens", "", "", None,
+                               f"{tokens} not in --tokens or layers mode off"))
+            continue
+        goals += make(at, next((r for r in at if r.get("backend") == "global"), None))
+    return goals
+
+
+def goal_rows(models: Rows, layers: Rows, refs: Rows, opts: BenchOptions) -> list[Goal]:
+    """The issue's goals, each met / missed / not measured (reported, never asserted).
+
+    Args:
+        models: model rows (unused by the current goals; kept so every table can feed a goal).
+        layers: layer rows, with ``time_ratio`` / ``efficiency`` already added.
+        refs: reference rows.
+        opts: the run's options (to say why a goal was not measured).
+    """
+    return _model_goals(refs, opts) + _layer_goals(layers)
