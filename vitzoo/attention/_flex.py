@@ -13,7 +13,8 @@ Kernels", arXiv 2024, https://arxiv.org/abs/2412.05496 (``torch.nn.attention.fle
   for prefix queries and for prefix and learned keys, and asks the backend's small lookup tables
   for grid pairs (per-axis ``[h, H, H]``/``[h, W, W]`` tables of neighbourhoods, per-head block
   tables ``[h, n_b, n_b]`` of BigBird). No dense N×N tensor is built on the forward path; the
-  ``BlockMask`` is built once per (grid, device) and cached. ``local``'s relative position bias
+  ``BlockMask`` is built once per (grid, device) and cached (``create_block_mask`` evaluates
+  ``mask_mod`` over all ``[h, Nq, Nk]`` pairs that one time). ``local``'s relative position bias
   is a ``score_mod`` reading the learned table through per-axis offset tables;
 * ``auto`` (default): ``flex`` on CUDA, ``blocked`` elsewhere; also ``blocked`` while training
   with attention dropout, which FlexAttention does not have.
