@@ -5,6 +5,8 @@ speed is not measured here. Backends come from the registry (every :class:`Spars
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from conftest import attention_yaml, backends, make_attention
@@ -68,6 +70,18 @@ def test_flex_at_another_grid_and_its_mask_is_the_pattern(name, one_thread):
     mask_mod = _flex.pattern_mask_mod(attn.flex_grid_mod(grid, "cpu"), P, g, L)
     dense = create_mask(mask_mod, 1, attn.num_heads, P + L, P + g + L, device="cpu")[0]  # [h, P + L, P + g + L]
     assert torch.equal(dense, attn.full_mask(grid).expand_as(dense))
+
+
+@pytest.mark.slow  # inductor compiles flex_attention on CPU: ~10-15 s per case on 2 cores
+@pytest.mark.parametrize("name,opts", [("local", {"rel_pos_bias": True}), ("bigbird", {})])
+def test_compiled_flex_equals_blocked(name, opts, monkeypatch):
+    """The compiled kernel (what CUDA runs) traces the table lookups of mask_mod/score_mod correctly."""
+    attn, x = build(name, (8, 8), 1, **opts), torch.randn(2, 65, 32)
+    monkeypatch.setattr(_flex, "run_flex", functools.partial(_flex.run_flex, compiled=True))
+    with torch.no_grad():
+        blocked = attn(x, (8, 8))
+        attn.cfg.impl = "flex"
+        torch.testing.assert_close(attn(x, (8, 8)), blocked, atol=1e-5, rtol=1e-5)
 
 
 def test_block_mask_is_cached_per_grid_and_rebuilt_with_the_pattern(one_thread):

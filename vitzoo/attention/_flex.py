@@ -23,9 +23,10 @@ Limits: FlexAttention has no attention-weight dropout, and in torch 2.14 no back
 ``impl: flex`` in those cases is a one-line :class:`~vitzoo.registry.ConfigError` naming
 ``attention.impl`` (no silent fallback). Without ``torch.compile`` (CPU here) flex_attention runs
 an unfused reference that materialises the scores: it is for checking outputs, not for speed. On
-CUDA the kernel is compiled with ``torch.compile`` on first use. FlexAttention skips fully
-masked 128×128 blocks but computes partially masked blocks densely, so its work lies between the
-analytic count of the pattern (what ``flops()`` reports, for every ``impl``) and dense attention.
+CUDA the kernel is compiled with ``torch.compile`` on first use (tests run that compiled kernel
+on CPU, through inductor, against the blocked path). FlexAttention skips fully masked 128×128
+blocks but computes partially masked blocks densely, so its work lies between the analytic count
+of the pattern (what ``flops()`` reports, for every ``impl``) and dense attention.
 """
 from __future__ import annotations
 
@@ -183,13 +184,27 @@ def block_mask(mask_mod: Callable, heads: int, q_len: int, kv_len: int, device: 
     return create_block_mask(mask_mod, None, heads, q_len, kv_len, device=str(torch.device(device)))
 
 
-def run_flex(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, score_mod: Optional[Callable], scale: float) -> Tensor:
-    """``flex_attention(q[B, h, Nq, d], k, v[B, h, Nk, d]) -> [B, h, Nq, d]``; compiled on CUDA, eager elsewhere."""
+def compiled_flex() -> Callable:
+    """``torch.compile(flex_attention)``, compiled once per process (the fused kernel; inductor)."""
     global _COMPILED
-    if q.device.type == "cuda":
-        if _COMPILED is None:
-            _COMPILED = torch.compile(flex_attention, dynamic=False)
-        return _COMPILED(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
-    with warnings.catch_warnings():  # eager is the unfused reference on purpose here (see the module docstring)
+    if _COMPILED is None:
+        _COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED
+
+
+def run_flex(q: Tensor, k: Tensor, v: Tensor, mask: BlockMask, score_mod: Optional[Callable], scale: float,
+             compiled: Optional[bool] = None) -> Tensor:
+    """``flex_attention(q[B, h, Nq, d], k, v[B, h, Nk, d]) -> [B, h, Nq, d]``.
+
+    Args:
+        q, k, v: queries, keys and values.
+        mask: the pattern's ``BlockMask``.
+        score_mod: additive scores (``local``'s bias) or None.
+        scale: 1/√d.
+        compiled: use :func:`compiled_flex`; None: on CUDA only (eager elsewhere, see the module docstring).
+    """
+    if compiled if compiled is not None else q.device.type == "cuda":
+        return compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
+    with warnings.catch_warnings():  # eager is the unfused reference on purpose here
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
