@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
+from vitzoo.attention import _flex
 from vitzoo.attention._gather import gather_tokens, gathered_attention, pad_grid
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
@@ -130,6 +131,7 @@ class SparsePatternAttention(QKVAttention):
         """Build the pattern's index buffers for the construction grid (on the module's device)."""
         self.pattern = self.build_pattern(self.grid).to(self.qkv.weight.device)
         self._other_grids: dict[tuple, SparsePattern] = {}  # patterns at other grids, by (grid, device)
+        _flex.forget(self)  # FlexAttention block masks of an earlier pattern
 
     def build_pattern(self, grid: Grid) -> SparsePattern:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -169,7 +171,10 @@ class SparsePatternAttention(QKVAttention):
         return self.to_heads(kv, 2)  # [B, h, g, d] each
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern."""
+        """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern (``attention.impl``)."""
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if _flex.resolve_impl(self.cfg.impl, q.device, self.training, self.attn_drop.p, needs_grad) == "flex":
+            return self.attend_flex(q, k, v, grid)
         pat = self.pattern_at(grid, q.device)
         P, L = self.num_prefix, grid[0] * grid[1]
         p_drop = self.attn_drop.p if self.training else 0.0
@@ -206,6 +211,31 @@ class SparsePatternAttention(QKVAttention):
             o_grid = torch.cat([o_grid, o_gg], dim=2).index_select(2, pat.inverse)  # [B, h, L, d] raster order
         return torch.cat([o_pre, o_grid], dim=2)
 
+    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """The same pattern as one FlexAttention call (:mod:`vitzoo.attention._flex`): ``[B, h, P + L, d]``."""
+        P = self.num_prefix
+        k_mem, v_mem = self.learned_kv(k, v, self.attn_drop.p if self.training else 0.0)  # [B, h, g, d]
+        k_all = torch.cat([k[:, :, :P], k_mem, k[:, :, P:]], dim=2)  # [B, h, P + g + L, d]
+        v_all = torch.cat([v[:, :, :P], v_mem, v[:, :, P:]], dim=2)
+        mask, score_mod = _flex.flex_mask_at(self, grid, q.device, lambda: self.build_flex(grid, q.device))
+        return _flex.run_flex(q, k_all, v_all, mask, score_mod, self.scale)
+
+    def build_flex(self, grid: Grid, device: Any) -> tuple[Any, Any]:
+        """``(BlockMask, score_mod or None)`` of the pattern at ``grid`` from :meth:`flex_grid_mod` / :meth:`flex_grid_bias`."""
+        P, g, L = self.num_prefix, self.num_learned, grid[0] * grid[1]
+        mask_mod = _flex.pattern_mask_mod(self.flex_grid_mod(grid, device), P, g, L)
+        bias = self.flex_grid_bias(grid, device)
+        score_mod = None if bias is None else _flex.pattern_score_mod(bias, P, g, L)
+        return _flex.block_mask(mask_mod, self.num_heads, P + L, P + g + L, device), score_mod
+
+    def flex_grid_mod(self, grid: Grid, device: Any) -> _flex.GridMod:  # pragma: no cover - abstract
+        """``(head, grid query, grid key) -> bool`` from small tables on ``device`` (as :meth:`grid_mask`)."""
+        raise NotImplementedError
+
+    def flex_grid_bias(self, grid: Grid, device: Any) -> Optional[_flex.GridMod]:
+        """Additive score of a grid pair for the flex path (as :meth:`grid_bias`); None: no bias."""
+        return None
+
     def gathered(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern, group: HeadGroup, k_glob: Tensor,
                  v_glob: Tensor) -> Tensor:
         """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]`` (see :func:`gathered_attention`)."""
@@ -215,6 +245,8 @@ class SparsePatternAttention(QKVAttention):
                                   self.attn_drop)
 
     def attend_flops(self, grid: Grid) -> int:
+        """Analytic MACs of the pattern, for every ``attention.impl`` (FlexAttention skips fully masked
+        blocks but computes partially masked ones densely, see :mod:`vitzoo.attention._flex`)."""
         pat = self.pattern_at(grid)
         P, g, d, C = self.num_prefix, self.num_learned, self.head_dim, self.dim
         n_keys = P + g + grid[0] * grid[1]
@@ -295,6 +327,10 @@ class NeighbourhoodAttention(SparsePatternAttention):
             if heads:
                 groups.append(halo_group(heads, grid, nbhd, self.uses_offsets) if nbhd is not None else HeadGroup(heads))
         return SparsePattern(grid, groups)
+
+    def flex_grid_mod(self, grid: Grid, device: Any) -> _flex.GridMod:
+        rows, cols = _flex.neighbourhood_tables(self.head_patterns(grid), grid)  # [h, H, H], [h, W, W]
+        return _flex.axis_tables_mod(rows.to(device), cols.to(device), grid[1])
 
     def grid_mask(self, grid: Grid) -> Tensor:
         L = grid[0] * grid[1]

@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from vitzoo.attention import register_attention
+from vitzoo.attention import _flex, register_attention
 from vitzoo.attention._neighbourhood import check_odd_kernel, neighbourhood_index, neighbourhood_mask
 from vitzoo.attention._sparse import HeadGroup, SparsePattern, SparsePatternAttention, block_count
 from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
@@ -41,9 +41,11 @@ class BigBirdConfig:
     window_blocks: int = 3  # side w of the block neighbourhood (odd; shrinks to the block grid)
     num_global_blocks: int = 1  # global blocks n_g, 0..blocks-1, spread over the raster order
     num_random: int = 2  # random blocks r per query block, 0..blocks-n_g-1
+    impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         check_positive(self, "block_size")
+        _flex.check_impl(self)
         check_odd_kernel(self, "window_blocks")
         check_non_negative(self, "num_global_blocks", "num_random")
 
@@ -151,6 +153,16 @@ class BigBirdAttention(SparsePatternAttention):
 
     def grid_mask(self, grid: Grid) -> Tensor:
         """Block-level mask per head (window ranges, the head's random draw, global rows/columns) expanded to tokens."""
+        allowed, block_of = self.block_tables(grid)  # [h, nb, nb], [L]
+        return allowed[:, block_of[:, None], block_of[None, :]]  # [h, L, L]
+
+    def flex_grid_mod(self, grid: Grid, device) -> _flex.GridMod:
+        """Flex path: the block tables of :meth:`block_tables` looked up per token pair."""
+        allowed, block_of = self.block_tables(grid)
+        return _flex.block_tables_mod(allowed.to(device), block_of.to(device))
+
+    def block_tables(self, grid: Grid) -> tuple[Tensor, Tensor]:
+        """``allowed[h, nb, nb]`` (query block sees key block, per head) and ``block_of[L]`` (each grid token's block)."""
         b, (H, W) = self.cfg.block_size, grid
         blocks = block_count(grid, b)
         nb = blocks[0] * blocks[1]
@@ -162,7 +174,7 @@ class BigBirdAttention(SparsePatternAttention):
         allowed[:, glob, :] = True
         allowed[:, :, glob] = True
         block_of = ((torch.arange(H) // b)[:, None] * blocks[1] + (torch.arange(W) // b)[None, :]).flatten()  # [L]
-        return allowed[:, block_of[:, None], block_of[None, :]]  # [h, L, L]
+        return allowed, block_of
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid

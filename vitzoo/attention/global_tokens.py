@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from vitzoo.attention import register_attention
+from vitzoo.attention import _flex, register_attention
 from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._sparse import GlobalNeighbourhoodAttention, check_num_global_option
 from vitzoo.attention.base import Grid, MixerContext, check
@@ -30,9 +30,11 @@ from vitzoo.attention.base import Grid, MixerContext, check
 class GlobalTokensConfig:
     kernel_size: int = 3  # neighbourhood side k of the local part (odd, <= the grid's shorter side)
     num_global: int = 1  # learned global tokens g per layer (the class token is global as well)
+    impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         check_odd_kernel(self)
+        _flex.check_impl(self)
         check_num_global_option(self)
 
 

@@ -31,7 +31,7 @@ import torch
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from vitzoo.attention import register_attention
+from vitzoo.attention import _flex, register_attention
 from vitzoo.attention._halo import HaloGroup
 from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._sparse import NeighbourhoodAttention
@@ -42,9 +42,11 @@ from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 class LocalConfig:
     kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
     rel_pos_bias: bool = False  # NAT's relative position bias: a learned (2k-1)² table per head on the scores
+    impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         check_odd_kernel(self)
+        _flex.check_impl(self)
         check(isinstance(self.rel_pos_bias, bool), f"attention.rel_pos_bias must be true or false "
                                                    f"(got {self.rel_pos_bias!r})")
 
@@ -53,9 +55,11 @@ class LocalConfig:
 class DilatedConfig:
     kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
     dilation: int = 2  # stride δ between keys; shrinks per axis to side // k on small grids
+    impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         check_odd_kernel(self)
+        _flex.check_impl(self)
         check_positive(self, "dilation")
 
 
@@ -90,15 +94,31 @@ class LocalAttention(NeighbourhoodAttention):
             return None
         return self.rel_pos_bias[heads].flatten(1)[:, group.rel]  # [heads, (2k-1)²] -> [heads, blocks, S, K]
 
+    def offset_tables(self, grid: Grid) -> tuple[Tensor, Tensor]:
+        """Per-axis relative offsets ``(key - query) // δ + k - 1`` clamped to ``0..2k-2``: ``[H, H]``, ``[W, W]``."""
+        k, (H, W), (dh, dw) = self.cfg.kernel_size, grid, self.dilation_at(grid)
+        rows = ((torch.arange(H)[None, :] - torch.arange(H)[:, None]) // dh + k - 1).clamp(0, 2 * k - 2)  # [H, H]
+        cols = ((torch.arange(W)[None, :] - torch.arange(W)[:, None]) // dw + k - 1).clamp(0, 2 * k - 2)  # [W, W]
+        return rows, cols
+
     def grid_bias(self, grid: Grid) -> Optional[Tensor]:
         """Reference: the bias of every (grid query, grid key) pair from their coordinates, ``[h, L, L]``."""
         if self.rel_pos_bias is None:
             return None
-        k, (H, W), (dh, dw) = self.cfg.kernel_size, grid, self.dilation_at(grid)
-        rows = ((torch.arange(H)[None, :] - torch.arange(H)[:, None]) // dh + k - 1).clamp(0, 2 * k - 2)  # [H, H]
-        cols = ((torch.arange(W)[None, :] - torch.arange(W)[:, None]) // dw + k - 1).clamp(0, 2 * k - 2)  # [W, W]
+        (H, W), (rows, cols) = grid, self.offset_tables(grid)
         bias = self.rel_pos_bias[:, rows[:, None, :, None], cols[None, :, None, :]]  # [h, H, W, H, W]
         return bias.reshape(self.num_heads, H * W, H * W)
+
+    def flex_grid_bias(self, grid: Grid, device) -> Optional[_flex.GridMod]:
+        """Flex path: the bias of a grid pair read from the live table through the offset tables."""
+        if self.rel_pos_bias is None:
+            return None
+        rows, cols = (t.to(device) for t in self.offset_tables(grid))
+        W, table = grid[1], self.rel_pos_bias  # [h, 2k-1, 2k-1]
+
+        def bias(h, qi, ki):
+            return table[h, rows[qi // W, ki // W], cols[qi % W, ki % W]]
+        return bias
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         return [(self.num_heads, Neighbourhood(self.cfg.kernel_size, getattr(self.cfg, "dilation", 1)))]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from vitzoo.attention import register_attention
+from vitzoo.attention import _flex, register_attention
 from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._sparse import GlobalNeighbourhoodAttention, check_num_global_option
 from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
@@ -35,9 +35,11 @@ class LongformerConfig:
     dilation: int = 2  # key stride δ of the dilated heads; shrinks per axis to side // k on small grids
     dilated_heads: int = 1  # heads (the last ones) using dilated windows, 0..num_heads
     num_global: int = 1  # learned global tokens g per layer (the class token is global as well)
+    impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         check_odd_kernel(self)
+        _flex.check_impl(self)
         check_positive(self, "dilation")
         check_non_negative(self, "dilated_heads")
         check_num_global_option(self)

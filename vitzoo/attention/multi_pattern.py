@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from vitzoo.attention import register_attention
+from vitzoo.attention import _flex, register_attention
 from vitzoo.attention._neighbourhood import Neighbourhood, check_odd_kernel
 from vitzoo.attention._sparse import NeighbourhoodAttention
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive
@@ -54,10 +54,12 @@ class MultiPatternConfig:
     patterns: list = field(default_factory=lambda: [["local", None], ["dilated", 1], ["global", 1]])
     kernel_size: int = 3  # neighbourhood side k of local and dilated heads (odd, <= the grid's shorter side)
     dilation: int = 2  # key stride δ of dilated heads; shrinks per axis to side // k on small grids
+    impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         self.patterns = [list(p) for p in parse_patterns(self.patterns)]
         check_odd_kernel(self)
+        _flex.check_impl(self)
         check_positive(self, "dilation")
 
 
