@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 20  # features per chunk on the CPU (4 MB in float32): cache-sized
+CHUNK_ELEMENTS = 1 << 18  # features per chunk on the CPU (1 MB in float32): cache-sized
 
 
 def _chunks(B: int, h: int, per_pair: int, device: torch.device) -> list[tuple[slice, slice]]:
@@ -126,14 +126,14 @@ class KernelAttention(torch.autograd.Function):
     def forward(ctx, kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
                 eps: Optional[float], factor: float) -> Tensor:
         with torch.autocast(qkv.device.type, enabled=False):
-            out, kvz, qkvz, shift_q, shift_k = kernel_forward(kind, qkv, heads, omega, scale, eps, factor)
+            out, kvz, shift_q, shift_k = kernel_forward(kind, qkv, heads, omega, scale, eps, factor)
         ctx.kind, ctx.heads, ctx.eps, ctx.factor = kind, heads, eps, factor
-        ctx.save_for_backward(qkv, omega, scale, kvz, qkvz, shift_q, shift_k)
+        ctx.save_for_backward(qkv, omega, scale, kvz, shift_q, shift_k)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        qkv, omega, scale, kvz, qkvz, shift_q, shift_k = ctx.saved_tensors
+        qkv, omega, scale, kvz, shift_q, shift_k = ctx.saved_tensors
         kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
         B, N, C3 = qkv.shape
         d, acc = C3 // 3 // heads, kvz.dtype
@@ -144,7 +144,11 @@ class KernelAttention(torch.autograd.Function):
         with torch.autocast(qkv.device.type, enabled=False):
             for b, j in _chunks(B, heads, N * kvz.shape[-2], qkv.device):
                 w, s = _omega(omega, j), None if scale is None else scale[j]
-                qkvz_c, kvz_c = qkvz[b, j], kvz[b, j]  # [b, h, N, d+1], [b, h, m, d+1]
+                kvz_c = kvz[b, j]  # [b, h, m, d+1]
+                # queries: features recomputed; ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (O(N·d))
+                xq, unit, norm = _prepare(kind, q5[b, :, 0, j].transpose(1, 2), s, acc)
+                phi_q, _ = _features(kind, xq, w, None if shift_q is None else shift_q[b, j], True)
+                qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, N, d+1], as in forward
                 den_raw = qkvz_c[..., d:]
                 den = _floor(den_raw, eps)
                 grad_num = o5[b, :, j].transpose(1, 2).to(acc) / den  # [b, h, N, d]
@@ -153,9 +157,6 @@ class KernelAttention(torch.autograd.Function):
                     grad_den = grad_den * (den_raw >= eps)  # clamp_min passes the gradient where not clamped
                 grad_qkvz = torch.cat([grad_num, grad_den], dim=-1)  # [b, h, N, d+1]
                 del grad_num, grad_den
-                # queries: features recomputed; ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (O(N·d))
-                xq, unit, norm = _prepare(kind, q5[b, :, 0, j].transpose(1, 2), s, acc)
-                phi_q, _ = _features(kind, xq, w, None if shift_q is None else shift_q[b, j], True)
                 g_kvz = phi_q.transpose(-2, -1) @ grad_qkvz  # [b, h, m, d+1]
                 half = -(grad_qkvz * qkvz_c).sum(dim=-1, keepdim=True) if kind == "exp" else None
                 grad_x = _features_backward(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half)
@@ -185,20 +186,19 @@ class KernelAttention(torch.autograd.Function):
 
 
 def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
-                   eps: Optional[float], factor: float) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+                   eps: Optional[float], factor: float) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """Forward without autograd: ``out`` ``[B, N, C]`` and what backward needs.
 
     Args: as :func:`kernel_attention_qkv`.
 
     Returns:
-        ``out`` (``qkv``'s dtype), ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]``, ``qkvz = φ(Q)·kvz``
-        ``[B, h, N, d+1]`` (float32 or float64) and the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]``.
+        ``out`` (``qkv``'s dtype), ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` (float32 or
+        float64) and the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` (backward recomputes ``φ(Q)·kvz``).
     """
     B, N, C3 = qkv.shape
     d, acc = C3 // 3 // heads, torch.promote_types(qkv.dtype, torch.float32)
     m = d if omega is None else omega.shape[-2] * (2 if kind == "fourier" else 1)
     kvz = qkv.new_empty(B, heads, m, d + 1, dtype=acc)
-    qkvz = qkv.new_empty(B, heads, N, d + 1, dtype=acc)
     out = qkv.new_empty(B, N, heads * d)
     q5, o5 = qkv.reshape(B, N, 3, heads, d), out.view(B, N, heads, d)
     omega = None if omega is None else omega.to(acc)
@@ -216,11 +216,10 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
         xq = _prepare(kind, q5[b, :, 0, j].transpose(1, 2), s, acc)[0]
         phi_q, shift_q = _features(kind, xq, w, None, True)
         qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, N, d+1]: N·m·(d+1)
-        qkvz[b, j] = qkvz_c
         o5[b, :, j] = (qkvz_c[..., :d] / _floor(qkvz_c[..., d:], eps)).transpose(1, 2)
         if shift_k is not None:
             shifts[0][b, j], shifts[1][b, j] = shift_q, shift_k
-    return out, kvz, qkvz, shifts[0], shifts[1]
+    return out, kvz, shifts[0], shifts[1]
 
 
 def kernel_attention_qkv(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor] = None,
