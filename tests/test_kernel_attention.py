@@ -193,7 +193,7 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-@pytest.mark.parametrize("name", ["performer", "rfa", "linear"])
+@pytest.mark.parametrize("name", ["performer", "rfa", "linear", "efficient"])
 def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
     """The fused forward (features recomputed in backward) gives the per-head path's values and gradients."""
     torch.manual_seed(0)
@@ -208,3 +208,11 @@ def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_efficient_core_gradcheck(monkeypatch):
+    from vitzoo.attention import _kernel_core
+
+    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 40)  # several chunks
+    qkv = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: _kernel_core.efficient_attention_qkv(t, 2), (qkv,))
