@@ -54,7 +54,7 @@ def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Ten
         return F.elu(x).add_(1), None
     proj = x @ omega.transpose(-2, -1)  # ωx [b, h, N, m]: N·d·m per head
     if kind == "fourier":
-        if torch.compiler.is_compiling():  # export traces with autograd on: no out= there
+        if proj.requires_grad or torch.compiler.is_compiling():  # traced with autograd on: no out= there
             return torch.cat([proj.sin(), proj.cos()], dim=-1), None
         D = proj.shape[-1]
         phi = proj.new_empty(*proj.shape[:-1], 2 * D)  # [sin ωx | cos ωx] [b, h, N, 2D]
