@@ -172,7 +172,7 @@ def test_trains_inside_models(model, name):
 
 # ---------------------------------------------------------------- fused kernel core (features recomputed in backward)
 
-@pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_chunk", "chunks"])
+@pytest.mark.parametrize("chunk", [1 << 20, 40, 12], ids=["one_chunk", "chunks", "token_blocks"])
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
 def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     """Hand-written backward of KernelAttention against finite differences (float64, several chunks)."""

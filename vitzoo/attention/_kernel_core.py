@@ -42,6 +42,15 @@ def _chunks(B: int, h: int, per_pair: int, device: torch.device) -> list[tuple[s
     return [(slice(b, b + 1), slice(j, j + hc)) for b in range(B) for j in range(0, h, hc)]
 
 
+def _rows(N: int, per_row: int, device: torch.device) -> list[slice]:
+    """Token blocks of about :data:`CHUNK_ELEMENTS` features (``per_row`` features per token); one
+    block where :func:`_chunks` gives one."""
+    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing() or N * per_row <= CHUNK_ELEMENTS:
+        return [slice(None)]
+    n = max(1, CHUNK_ELEMENTS // per_row)
+    return [slice(i, i + n) for i in range(0, N, n)]
+
+
 def _omega(omega: Optional[Tensor], heads: slice) -> Optional[Tensor]:
     """This chunk's ω: ``[m, d]`` shared by the heads, or ``[h, m, d]`` cut to the chunk's heads."""
     return omega if omega is None or omega.dim() == 2 else omega[heads]
@@ -141,44 +150,49 @@ class KernelAttention(torch.autograd.Function):
         grad_scale = None if scale is None else torch.zeros(scale.shape, dtype=acc, device=qkv.device)
         g5, q5, o5 = grad_qkv.view(B, N, 3, heads, d), qkv.reshape(B, N, 3, heads, d), grad.reshape(B, N, heads, d)
         with torch.autocast(qkv.device.type, enabled=False):
-            for b, j in _chunks(B, heads, N * kvz.shape[-2], qkv.device):
+            m = kvz.shape[-2]
+            for b, j in _chunks(B, heads, N * m, qkv.device):
                 w, s = _omega(omega, j), None if scale is None else scale[j]
                 kvz_c = kvz[b, j]  # [b, h, m, d+1]
-                # queries: features recomputed; ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (O(N·d))
-                xq, unit, norm = _prepare(kind, q5[b, :, 0, j].transpose(1, 2), s, acc)
-                phi_q, _ = _features(kind, xq, w, None if shift_q is None else shift_q[b, j], True)
-                qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, N, d+1], as in forward
-                den_raw = qkvz_c[..., d:]
-                den = _floor(den_raw, eps)
-                grad_num = o5[b, :, j].transpose(1, 2).to(acc) / den  # [b, h, N, d]
-                grad_den = (grad_num * qkvz_c[..., :d]).sum(dim=-1, keepdim=True).div_(den).neg_()  # -(g·out)/den
-                if eps is not None:
-                    grad_den = grad_den * (den_raw >= eps)  # clamp_min passes the gradient where not clamped
-                grad_qkvz = torch.cat([grad_num, grad_den], dim=-1)  # [b, h, N, d+1]
-                del grad_num, grad_den
-                g_kvz = phi_q.transpose(-2, -1) @ grad_qkvz  # [b, h, m, d+1]
-                half = -(grad_qkvz * qkvz_c).sum(dim=-1, keepdim=True) if kind == "exp" else None
-                grad_x = _features_backward(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half)
-                del phi_q
-                grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
-                g5[b, :, 0, j] = grad_x.transpose(1, 2)
-                if gs is not None:
-                    grad_scale[j] += gs
-                # keys and values
+                rows = _rows(N, kvz_c.shape[0] * kvz_c.shape[1] * m, qkv.device)  # token blocks: stabilisers are saved
+                g_kvz = None
+                for r in rows:  # queries: features recomputed
+                    xq, unit, norm = _prepare(kind, q5[b, r, 0, j].transpose(1, 2), s, acc)  # [b, h, n, d]
+                    phi_q, _ = _features(kind, xq, w, None if shift_q is None else shift_q[b, j, r], True)
+                    qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, n, d+1], as in forward
+                    den_raw = qkvz_c[..., d:]
+                    den = _floor(den_raw, eps)
+                    grad_num = o5[b, r, j].transpose(1, 2).to(acc) / den  # [b, h, n, d]
+                    grad_den = (grad_num * qkvz_c[..., :d]).sum(dim=-1, keepdim=True).div_(den).neg_()  # -(g·out)/den
+                    if eps is not None:
+                        grad_den = grad_den * (den_raw >= eps)  # clamp_min passes the gradient where not clamped
+                    grad_qkvz = torch.cat([grad_num, grad_den], dim=-1)  # [b, h, n, d+1]
+                    del grad_num, grad_den
+                    g = phi_q.transpose(-2, -1) @ grad_qkvz  # [b, h, m, d+1]
+                    g_kvz = g if g_kvz is None else g_kvz.add_(g)
+                    # ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (exp; O(n·d))
+                    half = -(grad_qkvz * qkvz_c).sum(dim=-1, keepdim=True) if kind == "exp" else None
+                    grad_x = _features_backward(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half)
+                    del phi_q
+                    grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
+                    g5[b, r, 0, j] = grad_x.transpose(1, 2)
+                    if gs is not None:
+                        grad_scale[j] += gs
                 if factor != 1.0:
                     g_kvz *= factor
-                xk, unit, norm = _prepare(kind, q5[b, :, 1, j].transpose(1, 2), s, acc)
-                phi_k, _ = _features(kind, xk, w, None if shift_k is None else shift_k[b, j], False)
-                v1 = F.pad(q5[b, :, 2, j].transpose(1, 2).to(acc), (0, 1), value=1.0)  # [V | 1] [b, h, N, d+1]
-                t = phi_k @ g_kvz  # [b, h, N, d+1]: ∂L/∂V, and the row sums of ∂L/∂φ(k)·φ(k) below
-                g5[b, :, 2, j] = t[..., :d].transpose(1, 2)
-                half = -(v1 * t).sum(dim=-1, keepdim=True) if kind == "exp" else None
-                grad_x = _features_backward(kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half)
-                del phi_k
-                grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
-                g5[b, :, 1, j] = grad_x.transpose(1, 2)
-                if gs is not None:
-                    grad_scale[j] += gs
+                for r in rows:  # keys and values
+                    xk, unit, norm = _prepare(kind, q5[b, r, 1, j].transpose(1, 2), s, acc)
+                    phi_k, _ = _features(kind, xk, w, None if shift_k is None else shift_k[b, j, r], False)
+                    v1 = F.pad(q5[b, r, 2, j].transpose(1, 2).to(acc), (0, 1), value=1.0)  # [V | 1] [b, h, n, d+1]
+                    t = phi_k @ g_kvz  # [b, h, n, d+1]: ∂L/∂V, and the row sums of ∂L/∂φ(k)·φ(k) below
+                    g5[b, r, 2, j] = t[..., :d].transpose(1, 2)
+                    half = -(v1 * t).sum(dim=-1, keepdim=True) if kind == "exp" else None
+                    grad_x = _features_backward(kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half)
+                    del phi_k
+                    grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
+                    g5[b, r, 1, j] = grad_x.transpose(1, 2)
+                    if gs is not None:
+                        grad_scale[j] += gs
         if grad_scale is not None:
             grad_scale = grad_scale.to(scale.dtype)
         return None, grad_qkv, None, None, grad_scale, None, None
