@@ -228,12 +228,15 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
         if factor != 1.0:
             kvz_c = kvz_c * factor
         kvz[b, j] = kvz_c
-        xq = _prepare(kind, q5[b, :, 0, j].transpose(1, 2), s, acc)[0]
-        phi_q, shift_q = _features(kind, xq, w, None, True)
-        qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, N, d+1]: N·m·(d+1)
-        o5[b, :, j] = (qkvz_c[..., :d] / _floor(qkvz_c[..., d:], eps)).transpose(1, 2)
         if shift_k is not None:
-            shifts[0][b, j], shifts[1][b, j] = shift_q, shift_k
+            shifts[1][b, j] = shift_k
+        for r in _rows(N, kvz_c.shape[0] * kvz_c.shape[1] * m, qkv.device):  # queries in token blocks
+            xq = _prepare(kind, q5[b, r, 0, j].transpose(1, 2), s, acc)[0]  # [b, h, n, d]
+            phi_q, shift_q = _features(kind, xq, w, None, True)
+            qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, n, d+1]: N·m·(d+1) in all
+            o5[b, r, j] = (qkvz_c[..., :d] / _floor(qkvz_c[..., d:], eps)).transpose(1, 2)
+            if shift_q is not None:
+                shifts[0][b, j, r] = shift_q
     return out, kvz, shifts[0], shifts[1]
 
 
