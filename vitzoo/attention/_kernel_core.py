@@ -1,22 +1,24 @@
-"""The fast path of kernel attention with recomputed features: ``φ(Q)(φ(K)ᵀ[V | 1])`` in one autograd node.
+"""The fast path of kernel attention: ``φ(Q)(φ(K)ᵀ[V | 1])`` from ``qkv`` to merged heads in one autograd node.
 
 Autograd through the plain expression keeps every ``[B, h, N, m]`` tensor it meets (projections,
 features, their exponentials) alive until backward: several times the memory of q, k and v, and
-several passes over memory that is far larger than the caches. :class:`KernelAttention` saves only
-its inputs and the small results (``φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]``, ``φ(Q)φ(K)ᵀ[V | 1]``
-``[B, h, N, d+1]`` and the stabilisers ``[B, h, N, 1]``), recomputes the features in backward, and
-works through the (image, head) pairs in chunks of about :data:`CHUNK_ELEMENTS` features, so that the
-features of a chunk stay in cache between the exponential and the matmuls that read them.
+several passes over memory that is far larger than the caches. :class:`KernelAttention` takes the
+fused projection ``qkv[B, N, 3C]`` and returns ``[B, N, C]`` (no head split/merge copies), saves
+only ``qkv``, ``φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` and the ``"exp"`` stabilisers ``[B, h, N, 1]``,
+recomputes the features (and ``φ(Q)φ(K)ᵀ[V | 1]``) in backward, and works through (image, head)
+pairs and token blocks of about :data:`CHUNK_ELEMENTS` features per thread, so that a block's
+features stay in cache between the exponential and the matmuls that read them.
+:class:`EfficientAttentionCore` does the same for Efficient Attention's two softmaxes.
 
-Feature maps (``kind``), of prepared inputs ``x`` (the backend scales or normalises q and k first):
+Feature maps (``kind``), of prepared inputs ``x`` (q and k scaled or normalised chunk by chunk):
 
-* ``"exp"`` (performer): ``φ(x) = exp(ωx - ‖x‖²/2 - c)`` with ``c`` the largest exponent of the query's
-  row (queries) or of all keys of the (image, head) (keys); ``c`` is a constant of autograd.
-* ``"fourier"`` (rfa): ``φ(x) = [sin ωx, cos ωx]``; the ``1/√D`` of both φ's is the ``factor`` 1/D.
+* ``"exp"`` (performer): ``φ(x) = exp(ωx - ‖x‖²/2 - c)`` of ``x = q/d^¼`` with ``c`` the largest exponent
+  of the query's row (queries) or of all keys of the (image, head) (keys); ``c`` is a constant of autograd.
+* ``"fourier"`` (rfa): ``φ(x) = [sin ωx, cos ωx]`` of ``x = s∘q/‖q‖``; the ``1/√D`` of both φ's is the ``factor`` 1/D.
 * ``"elu"`` (linear): ``φ(x) = elu(x) + 1`` (no ω).
 
-Gradients are those of the plain expression (checked by ``gradcheck`` in the tests). The features
-are computed in float32 (float64 stays float64) with autocast off; the caller casts back.
+Gradients are those of the plain expression (checked by ``gradcheck`` in the tests). Features and
+sums are computed in float32 (float64 stays float64) with autocast off; the output has ``qkv``'s dtype.
 """
 from __future__ import annotations
 
@@ -27,27 +29,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 18  # features per chunk on the CPU (1 MB in float32): cache-sized
+CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
+
+
+def _budget() -> int:
+    """Features per chunk: :data:`CHUNK_ELEMENTS` per thread, so that each op keeps every thread busy."""
+    return CHUNK_ELEMENTS * max(1, torch.get_num_threads())
 
 
 def _chunks(B: int, h: int, per_pair: int, device: torch.device) -> list[tuple[slice, slice]]:
-    """(image, head) index blocks of about :data:`CHUNK_ELEMENTS` features; one block on accelerators,
+    """(image, head) index blocks of about :func:`_budget` features; one block on accelerators,
     under ``torch.compile``/``torch.export`` and tracing (the loop would fix the batch size)."""
     if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return [(slice(None), slice(None))]
-    if per_pair * h <= CHUNK_ELEMENTS:  # several images with all their heads
-        bc = max(1, CHUNK_ELEMENTS // (per_pair * h))
+    budget = _budget()
+    if per_pair * h <= budget:  # several images with all their heads
+        bc = max(1, budget // (per_pair * h))
         return [(slice(b, b + bc), slice(None)) for b in range(0, B, bc)]
-    hc = max(1, CHUNK_ELEMENTS // per_pair)  # heads of one image
+    hc = max(1, budget // per_pair)  # heads of one image
     return [(slice(b, b + 1), slice(j, j + hc)) for b in range(B) for j in range(0, h, hc)]
 
 
 def _rows(N: int, per_row: int, device: torch.device) -> list[slice]:
-    """Token blocks of about :data:`CHUNK_ELEMENTS` features (``per_row`` features per token); one
-    block where :func:`_chunks` gives one."""
-    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing() or N * per_row <= CHUNK_ELEMENTS:
+    """Token blocks of about :func:`_budget` features (``per_row`` features per token); one block
+    where :func:`_chunks` gives one."""
+    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing() or N * per_row <= _budget():
         return [slice(None)]
-    n = max(1, CHUNK_ELEMENTS // per_row)
+    n = max(1, _budget() // per_row)
     return [slice(i, i + n) for i in range(0, N, n)]
 
 
