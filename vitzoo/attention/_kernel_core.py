@@ -71,10 +71,14 @@ def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Ten
     if kind == "elu":
         return F.elu(x).add_(1), None
     proj = x @ omega.transpose(-2, -1)  # ωx [b, h, N, m]: N·d·m per head
-    if kind == "fourier":  # omega is [ω; ω]: sin over [ωx | ωx + π/2] = [sin ωx | cos ωx], one contiguous pass
-        D = proj.shape[-1] // 2
-        proj[..., D:] += math.pi / 2
-        return (proj.sin() if proj.requires_grad else proj.sin_()), None
+    if kind == "fourier":  # sin over [ωx | ωx + π/2] = [sin ωx | cos ωx]: one contiguous pass
+        if proj.requires_grad or torch.compiler.is_compiling():  # traced with autograd on: no out= there
+            return torch.cat([proj, proj + math.pi / 2], dim=-1).sin(), None
+        D = proj.shape[-1]
+        phi = proj.new_empty(*proj.shape[:-1], 2 * D)  # [b, h, n, 2D]
+        phi[..., :D] = proj
+        torch.add(proj, math.pi / 2, out=phi[..., D:])
+        return phi.sin_(), None
     if shift is None:
         top = proj.amax(dim=-1, keepdim=True)  # [b, h, N, 1]
         if query:  # ‖x‖²/2 is constant along the row: the shift is just the row's largest ωx
@@ -95,7 +99,7 @@ def _features_backward(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omeg
         D = phi.shape[-1] // 2
         grad_proj = grad_phi[..., :D].mul_(phi[..., D:])  # d sin = cos
         grad_proj.addcmul_(grad_phi[..., D:], phi[..., :D], value=-1)  # d cos = -sin
-        return grad_proj @ omega[..., :D, :]  # omega is [ω; ω]
+        return grad_proj @ omega
     grad_proj = grad_phi.mul_(phi)  # d exp(u) = exp(u) du [b, h, N, m]
     return (grad_proj @ omega).addcmul_(grad_half_sq, x)  # + ∂(‖x‖²/2)/∂x = x
 
@@ -152,8 +156,6 @@ class KernelAttention(torch.autograd.Function):
         B, N, C3 = qkv.shape
         d, acc = C3 // 3 // heads, kvz.dtype
         omega = None if omega is None else omega.to(acc)
-        if kind == "fourier":
-            omega = torch.cat([omega, omega], dim=-2)  # as in kernel_forward
         grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         grad_scale = None if scale is None else torch.zeros(scale.shape, dtype=acc, device=qkv.device)
         g5, q5, o5 = grad_qkv.view(B, N, 3, heads, d), qkv.reshape(B, N, 3, heads, d), grad.reshape(B, N, heads, d)
@@ -218,9 +220,7 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
     """
     B, N, C3 = qkv.shape
     d, acc = C3 // 3 // heads, torch.promote_types(qkv.dtype, torch.float32)
-    if kind == "fourier":
-        omega = torch.cat([omega, omega], dim=-2)  # [h, 2D, d]: the sin and the cos rows (see _features)
-    m = d if omega is None else omega.shape[-2]
+    m = d if omega is None else omega.shape[-2] * (2 if kind == "fourier" else 1)
     kvz = qkv.new_empty(B, heads, m, d + 1, dtype=acc)
     out = qkv.new_empty(B, N, heads * d)
     q5, o5 = qkv.reshape(B, N, 3, heads, d), out.view(B, N, heads, d)
