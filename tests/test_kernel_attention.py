@@ -168,3 +168,51 @@ def test_trains_inside_models(model, name):
     out.logsumexp(-1).sum().backward()
     grads = [p.grad for p in net.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+# ---------------------------------------------------------------- fused kernel core (features recomputed in backward)
+
+@pytest.mark.parametrize("chunk", [1 << 20, 40, 12], ids=["one_chunk", "chunks", "token_blocks"])
+@pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
+def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
+    """Hand-written backward of KernelAttention against finite differences (float64, several chunks)."""
+    from vitzoo.attention import _kernel_core
+
+    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    B, N, h, d, m = 2, 5, 2, 4, 6
+    qkv = (0.5 * torch.randn(B, N, 3 * h * d, dtype=torch.float64)).requires_grad_()
+    omega = {"exp": torch.randn(m, d, dtype=torch.float64), "fourier": torch.randn(h, m, d, dtype=torch.float64),
+             "elu": None}[kind]
+    scale = (torch.rand(h, 1, d, dtype=torch.float64) + 0.5).requires_grad_() if kind == "fourier" else None
+    eps, factor = (1e-3, 1 / m) if kind == "fourier" else (1e-6 if kind == "exp" else None, 1.0)
+    inputs = (qkv,) if scale is None else (qkv, scale)
+
+    def fn(*args):
+        return _kernel_core.kernel_attention_qkv(kind, args[0], h, omega, args[1] if len(args) > 1 else scale, eps, factor)
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("name", ["performer", "rfa", "linear", "efficient"])
+def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
+    """The fused forward (features recomputed in backward) gives the per-head path's values and gradients."""
+    torch.manual_seed(0)
+    attn = make_attention(name).double()
+    x = torch.randn(2, 65, 32, dtype=torch.float64, requires_grad=True)
+    y = attn(x, (8, 8))
+    ref = attn.merge_heads(attn.attend(*attn.split_heads(x), (8, 8)))
+    g = torch.randn_like(y)
+    params = [x, *attn.parameters()]
+    for a, b in zip(torch.autograd.grad(y, params, g, allow_unused=True), torch.autograd.grad(ref, params, g, allow_unused=True)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_efficient_core_gradcheck(monkeypatch):
+    from vitzoo.attention import _kernel_core
+
+    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 40)  # several chunks
+    qkv = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: _kernel_core.efficient_attention_qkv(t, 2), (qkv,))

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitzoo.attention._kernel_core import kernel_attention_qkv
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_non_negative, check_positive
 
 
@@ -170,7 +171,9 @@ class RandomFeatureAttention(QKVAttention):
     Keeps ``ω`` in ``self.features`` (:class:`RandomFeatures`, ``m = attention.num_features`` rows of
     the head dim, redrawn every ``attention.redraw_interval`` training steps) and computes
     ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` with the normaliser clamped to ``eps``. Subclasses implement
-    :meth:`feature_map` and set :attr:`features_per_row` (features φ makes from one row of ``ω``)
+    :meth:`feature_map` (for :meth:`attend` and the reference) and name the same map for the fast
+    :meth:`forward` (:attr:`feature_kind`, :meth:`kernel_scale`, :meth:`kernel_factor`; see
+    :mod:`vitzoo.attention._kernel_core`, which recomputes the features in backward), and set :attr:`features_per_row` (features φ makes from one row of ``ω``)
     and :attr:`feature_symbol` (the name of m in :attr:`formula`).
 
     Args:
@@ -184,6 +187,7 @@ class RandomFeatureAttention(QKVAttention):
     linear_cost = True
     features_per_row: ClassVar[int] = 1
     feature_symbol: ClassVar[str] = "m"
+    feature_kind: ClassVar[str] = ""  # the fast path's feature map: "exp" or "fourier" (_kernel_core)
 
     def __init__(self, cfg: Any, ctx: MixerContext, lead: tuple[int, ...], eps: float):
         super().__init__(cfg, ctx)
@@ -194,8 +198,24 @@ class RandomFeatureAttention(QKVAttention):
         """``φ(x)``: ``x[B, h, N, d]`` -> ``[B, h, N, features_per_row·m]`` (up to factors that cancel)."""
         raise NotImplementedError
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+    def kernel_scale(self) -> Optional[Tensor]:
+        """The ``"fourier"`` map's scale ``s`` ``[h, 1, d]`` (None for the others)."""
+        return None
+
+    def kernel_factor(self) -> float:
+        """Constant factor of ``φ(q)ᵀφ(k)`` that the fast path applies to ``φ(K)ᵀ[V | 1]`` instead."""
+        return 1.0
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        # fused: qkv [B, N, 3C] -> heads merged [B, N, C]; features recomputed in backward, not stored
         omega = self.features()  # the current draw (redraws happen between steps)
+        out = kernel_attention_qkv(self.feature_kind, self.qkv(x), self.num_heads, omega, self.kernel_scale(),
+                                   self.eps, self.kernel_factor())
+        return self.proj_drop(self.proj(out))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        # the per-head form (forward fuses it with the head split and merge): same values
+        omega = self.features()
         return kernel_attention(self.feature_map(q, omega, True), self.feature_map(k, omega, False), v, self.eps)
 
     def attend_flops(self, grid: Grid) -> int:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention._kernel import kernel_attention, kernel_attention_flops, kernel_attention_quadratic
+from vitzoo.attention._kernel_core import efficient_attention_qkv, kernel_attention_qkv
 from vitzoo.attention.base import Grid, QKVAttention
 
 
@@ -48,7 +49,12 @@ class LinearAttention(QKVAttention):
     family = "kernel"
     linear_cost = True
 
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        # fused: qkv [B, N, 3C] -> heads merged [B, N, C]; φ recomputed in backward, not stored
+        return self.proj_drop(self.proj(kernel_attention_qkv("elu", self.qkv(x), self.num_heads)))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        # the per-head form (forward fuses it with the head split and merge): same values
         return kernel_attention(elu_features(q), elu_features(k), v)
 
     def attend_flops(self, grid: Grid) -> int:
@@ -81,7 +87,12 @@ class EfficientAttention(QKVAttention):
     family = "kernel"
     linear_cost = True
 
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        # fused: qkv [B, N, 3C] -> heads merged [B, N, C]; the softmaxes recomputed in backward
+        return self.proj_drop(self.proj(efficient_attention_qkv(self.qkv(x), self.num_heads)))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        # the per-head form (forward fuses it with the head split and merge): same values
         context = k.softmax(dim=-2).transpose(-2, -1) @ v  # ρk(K)ᵀV [B, h, d, d]: N·d·d per head
         return q.softmax(dim=-1) @ context  # ρq(Q)·context [B, h, N, d]: N·d·d per head
 

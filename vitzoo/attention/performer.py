@@ -93,6 +93,7 @@ class PerformerAttention(RandomFeatureAttention):
     """
 
     formula = "4NC² + 2NmC + 2NmC + 2hNm"
+    feature_kind = "exp"
 
     def __init__(self, cfg: PerformerConfig, ctx: MixerContext):
         super().__init__(cfg, ctx, lead=(), eps=NORMALISER_FLOOR)  # one ω [m, d] shared by the heads

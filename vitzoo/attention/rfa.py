@@ -75,6 +75,7 @@ class RFAAttention(RandomFeatureAttention):
     formula = "4NC² + 2NDC + 4NDC + 4hND"
     features_per_row = 2  # a sin and a cos feature per direction
     feature_symbol = "D"
+    feature_kind = "fourier"
 
     def __init__(self, cfg: RFAConfig, ctx: MixerContext):
         super().__init__(cfg, ctx, lead=(ctx.num_heads,), eps=cfg.eps)  # one ω [D, d] per head
@@ -86,3 +87,9 @@ class RFAAttention(RandomFeatureAttention):
 
     def feature_map(self, x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
         return fourier_features(x, self.scale_param.clamp(max=self.cfg.max_scale), omega)
+
+    def kernel_scale(self) -> Tensor:
+        return self.scale_param.clamp(max=self.cfg.max_scale)  # s [h, 1, d]
+
+    def kernel_factor(self) -> float:
+        return 1.0 / self.cfg.num_features  # the 1/√D of φ(q) and of φ(k)

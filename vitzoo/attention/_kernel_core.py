@@ -1,0 +1,340 @@
+"""The fast path of kernel attention: ``φ(Q)(φ(K)ᵀ[V | 1])`` from ``qkv`` to merged heads in one autograd node.
+
+Autograd through the plain expression keeps every ``[B, h, N, m]`` tensor it meets (projections,
+features, their exponentials) alive until backward: several times the memory of q, k and v, and
+several passes over memory that is far larger than the caches. :class:`KernelAttention` takes the
+fused projection ``qkv[B, N, 3C]`` and returns ``[B, N, C]`` (no head split/merge copies), saves
+only ``qkv``, ``φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` and the ``"exp"`` stabilisers ``[B, h, N, 1]``,
+recomputes the features (and ``φ(Q)φ(K)ᵀ[V | 1]``) in backward, and works through (image, head)
+pairs and token blocks of about :data:`CHUNK_ELEMENTS` features per thread, so that a block's
+features stay in cache between the exponential and the matmuls that read them.
+:class:`EfficientAttentionCore` does the same for Efficient Attention's two softmaxes.
+
+Feature maps (``kind``), of prepared inputs ``x`` (q and k scaled or normalised chunk by chunk):
+
+* ``"exp"`` (performer): ``φ(x) = exp(ωx - ‖x‖²/2 - c)`` of ``x = q/d^¼`` with ``c`` the largest exponent
+  of the query's row (queries) or of all keys of the (image, head) (keys); ``c`` is a constant of autograd.
+* ``"fourier"`` (rfa): ``φ(x) = [sin ωx, cos ωx]`` of ``x = s∘q/‖q‖``; the ``1/√D`` of both φ's is the ``factor`` 1/D.
+* ``"elu"`` (linear): ``φ(x) = elu(x) + 1`` (no ω).
+
+Gradients are those of the plain expression (checked by ``gradcheck`` in the tests). Features and
+sums are computed in float32 (float64 stays float64) with autocast off; the output has ``qkv``'s dtype.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
+
+
+def _budget() -> int:
+    """Features per chunk: :data:`CHUNK_ELEMENTS` per thread, so that each op keeps every thread busy."""
+    return CHUNK_ELEMENTS * max(1, torch.get_num_threads())
+
+
+def _chunks(B: int, h: int, per_pair: int, device: torch.device) -> list[tuple[slice, slice]]:
+    """(image, head) index blocks of about :func:`_budget` features; one block on accelerators,
+    under ``torch.compile``/``torch.export`` and tracing (the loop would fix the batch size)."""
+    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return [(slice(None), slice(None))]
+    budget = _budget()
+    if per_pair * h <= budget:  # several images with all their heads
+        bc = max(1, budget // (per_pair * h))
+        return [(slice(b, b + bc), slice(None)) for b in range(0, B, bc)]
+    hc = max(1, budget // per_pair)  # heads of one image
+    return [(slice(b, b + 1), slice(j, j + hc)) for b in range(B) for j in range(0, h, hc)]
+
+
+def _rows(N: int, per_row: int, device: torch.device) -> list[slice]:
+    """Token blocks of about :func:`_budget` features (``per_row`` features per token); one block
+    where :func:`_chunks` gives one."""
+    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing() or N * per_row <= _budget():
+        return [slice(None)]
+    n = max(1, _budget() // per_row)
+    return [slice(i, i + n) for i in range(0, N, n)]
+
+
+def _omega(omega: Optional[Tensor], heads: slice) -> Optional[Tensor]:
+    """This chunk's ω: ``[m, d]`` shared by the heads, or ``[h, m, d]`` cut to the chunk's heads."""
+    return omega if omega is None or omega.dim() == 2 else omega[heads]
+
+
+def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Tensor],
+              query: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """``φ(x)`` ``[b, h, N, m]`` of ``x[b, h, N, d]`` and the ``"exp"`` stabiliser ``[b, h, N, 1]``
+    (computed when ``shift`` is None, else reused: backward recomputes the forward's features)."""
+    if kind == "elu":
+        return F.elu(x).add_(1), None
+    proj = x @ omega.transpose(-2, -1)  # ωx [b, h, N, m]: N·d·m per head
+    if kind == "fourier":  # sin over [ωx | ωx + π/2] = [sin ωx | cos ωx]: one contiguous pass
+        if proj.requires_grad or torch.compiler.is_compiling():  # traced with autograd on: no out= there
+            return torch.cat([proj, proj + math.pi / 2], dim=-1).sin(), None
+        D = proj.shape[-1]
+        phi = proj.new_empty(*proj.shape[:-1], 2 * D)  # [b, h, n, 2D]
+        phi[..., :D] = proj
+        torch.add(proj, math.pi / 2, out=phi[..., D:])
+        return phi.sin_(), None
+    if shift is None:
+        top = proj.amax(dim=-1, keepdim=True)  # [b, h, N, 1]
+        if query:  # ‖x‖²/2 is constant along the row: the shift is just the row's largest ωx
+            shift = top
+        else:  # ‖x‖²/2 + the largest exponent over all keys of the (image, head)
+            half_sq = x.square().sum(dim=-1, keepdim=True).mul_(0.5)  # [b, h, N, 1]
+            shift = half_sq + (top - half_sq).amax(dim=-2, keepdim=True)
+    return proj.sub_(shift).exp_(), shift  # largest query feature (or key feature) is exactly 1
+
+
+def _features_backward(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Optional[Tensor],
+                       grad_half_sq: Optional[Tensor]) -> Tensor:
+    """``∂L/∂x`` from ``∂L/∂φ`` (overwritten) and the recomputed ``φ``; ``grad_half_sq`` ``[b, h, N, 1]``
+    is ``∂L/∂(‖x‖²/2)`` for ``"exp"`` (the row sum of ``∂L/∂φ ⊙ φ`` with a minus sign)."""
+    if kind == "elu":
+        return grad_phi.mul_(phi.clamp_(max=1))  # d(elu+1)/dx: 1 for x > 0, exp(x) = φ for x ≤ 0
+    if kind == "fourier":
+        D = phi.shape[-1] // 2
+        grad_proj = grad_phi[..., :D].mul_(phi[..., D:])  # d sin = cos
+        grad_proj.addcmul_(grad_phi[..., D:], phi[..., :D], value=-1)  # d cos = -sin
+        return grad_proj @ omega
+    grad_proj = grad_phi.mul_(phi)  # d exp(u) = exp(u) du [b, h, N, m]
+    return (grad_proj @ omega).addcmul_(grad_half_sq, x)  # + ∂(‖x‖²/2)/∂x = x
+
+
+def _floor(den: Tensor, eps: Optional[float]) -> Tensor:
+    return den if eps is None else den.clamp_min(eps)
+
+
+def _prepare(kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """A chunk of q or k ``[b, h, N, d]`` as the feature map takes it, contiguous in ``acc``: ``x/d^¼``
+    (``"exp"``), ``s∘x/‖x‖`` (``"fourier"``, also returning ``x/‖x‖`` and ``‖x‖``) or ``x`` (``"elu"``)."""
+    xt = torch.empty(x.shape, dtype=acc, device=x.device).copy_(x)  # a fresh copy: safe to change in place
+    if kind == "exp":
+        return xt.mul_(x.shape[-1] ** -0.25), None, None
+    if kind == "fourier":
+        norm = xt.norm(dim=-1, keepdim=True).clamp_min_(1e-12)  # as F.normalize [b, h, N, 1]
+        unit = xt.div_(norm)
+        return unit * scale.to(acc), unit, norm
+    return xt, None, None
+
+
+def _prepare_backward(kind: str, grad: Tensor, unit: Optional[Tensor], norm: Optional[Tensor],
+                      scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """``∂L/∂x`` of :func:`_prepare` from ``∂L/∂x̃`` (overwritten), and ``∂L/∂s`` ``[h, 1, d]`` for ``"fourier"``."""
+    if kind == "exp":
+        return grad.mul_(grad.shape[-1] ** -0.25), None
+    if kind == "fourier":
+        grad_scale = (grad * unit).sum(dim=(0, 2)).unsqueeze(1)  # Σ over images and tokens [h, 1, d]
+        grad_unit = grad.mul_(scale.to(grad.dtype))
+        radial = (grad_unit * unit).sum(dim=-1, keepdim=True)  # x̂·∂L/∂x̂ [b, h, N, 1]
+        return grad_unit.addcmul_(unit, radial, value=-1).div_(norm), grad_scale  # (I - x̂x̂ᵀ)/‖x‖
+    return grad, None
+
+
+class KernelAttention(torch.autograd.Function):
+    """``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` from the fused projection ``qkv[B, N, 3C]`` to ``out[B, N, C]``,
+    saving ``qkv`` and small results, not the features (module docstring). Arguments as
+    :func:`kernel_attention_qkv`.
+    """
+
+    @staticmethod
+    def forward(ctx, kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
+                eps: Optional[float], factor: float) -> Tensor:
+        with torch.autocast(qkv.device.type, enabled=False):
+            out, kvz, shift_q, shift_k = kernel_forward(kind, qkv, heads, omega, scale, eps, factor)
+        ctx.kind, ctx.heads, ctx.eps, ctx.factor = kind, heads, eps, factor
+        ctx.save_for_backward(qkv, omega, scale, kvz, shift_q, shift_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        qkv, omega, scale, kvz, shift_q, shift_k = ctx.saved_tensors
+        kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
+        B, N, C3 = qkv.shape
+        d, acc = C3 // 3 // heads, kvz.dtype
+        omega = None if omega is None else omega.to(acc)
+        grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
+        grad_scale = None if scale is None else torch.zeros(scale.shape, dtype=acc, device=qkv.device)
+        g5, q5, o5 = grad_qkv.view(B, N, 3, heads, d), qkv.reshape(B, N, 3, heads, d), grad.reshape(B, N, heads, d)
+        with torch.autocast(qkv.device.type, enabled=False):
+            m = kvz.shape[-2]
+            for b, j in _chunks(B, heads, N * m, qkv.device):
+                w, s = _omega(omega, j), None if scale is None else scale[j]
+                kvz_c = kvz[b, j]  # [b, h, m, d+1]
+                rows = _rows(N, kvz_c.shape[0] * kvz_c.shape[1] * m, qkv.device)  # token blocks: stabilisers are saved
+                g_kvz = None
+                for r in rows:  # queries: features recomputed
+                    xq, unit, norm = _prepare(kind, q5[b, r, 0, j].transpose(1, 2), s, acc)  # [b, h, n, d]
+                    phi_q, _ = _features(kind, xq, w, None if shift_q is None else shift_q[b, j, r], True)
+                    qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, n, d+1], as in forward
+                    den_raw = qkvz_c[..., d:]
+                    den = _floor(den_raw, eps)
+                    grad_num = o5[b, r, j].transpose(1, 2).to(acc) / den  # [b, h, n, d]
+                    grad_den = (grad_num * qkvz_c[..., :d]).sum(dim=-1, keepdim=True).div_(den).neg_()  # -(g·out)/den
+                    if eps is not None:
+                        grad_den = grad_den * (den_raw >= eps)  # clamp_min passes the gradient where not clamped
+                    grad_qkvz = torch.cat([grad_num, grad_den], dim=-1)  # [b, h, n, d+1]
+                    del grad_num, grad_den
+                    g = phi_q.transpose(-2, -1) @ grad_qkvz  # [b, h, m, d+1]
+                    g_kvz = g if g_kvz is None else g_kvz.add_(g)
+                    # ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (exp; O(n·d))
+                    half = -(grad_qkvz * qkvz_c).sum(dim=-1, keepdim=True) if kind == "exp" else None
+                    grad_x = _features_backward(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half)
+                    del phi_q
+                    grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
+                    g5[b, r, 0, j] = grad_x.transpose(1, 2)
+                    if gs is not None:
+                        grad_scale[j] += gs
+                if factor != 1.0:
+                    g_kvz *= factor
+                for r in rows:  # keys and values
+                    xk, unit, norm = _prepare(kind, q5[b, r, 1, j].transpose(1, 2), s, acc)
+                    phi_k, _ = _features(kind, xk, w, None if shift_k is None else shift_k[b, j, r], False)
+                    v1 = F.pad(q5[b, r, 2, j].transpose(1, 2).to(acc), (0, 1), value=1.0)  # [V | 1] [b, h, n, d+1]
+                    t = phi_k @ g_kvz  # [b, h, n, d+1]: ∂L/∂V, and the row sums of ∂L/∂φ(k)·φ(k) below
+                    g5[b, r, 2, j] = t[..., :d].transpose(1, 2)
+                    half = -(v1 * t).sum(dim=-1, keepdim=True) if kind == "exp" else None
+                    grad_x = _features_backward(kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half)
+                    del phi_k
+                    grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
+                    g5[b, r, 1, j] = grad_x.transpose(1, 2)
+                    if gs is not None:
+                        grad_scale[j] += gs
+        if grad_scale is not None:
+            grad_scale = grad_scale.to(scale.dtype)
+        return None, grad_qkv, None, None, grad_scale, None, None
+
+
+def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
+                   eps: Optional[float], factor: float) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    """Forward without autograd: ``out`` ``[B, N, C]`` and what backward needs.
+
+    Args: as :func:`kernel_attention_qkv`.
+
+    Returns:
+        ``out`` (``qkv``'s dtype), ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` (float32 or
+        float64) and the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` (backward recomputes ``φ(Q)·kvz``).
+    """
+    B, N, C3 = qkv.shape
+    d, acc = C3 // 3 // heads, torch.promote_types(qkv.dtype, torch.float32)
+    m = d if omega is None else omega.shape[-2] * (2 if kind == "fourier" else 1)
+    kvz = qkv.new_empty(B, heads, m, d + 1, dtype=acc)
+    out = qkv.new_empty(B, N, heads * d)
+    q5, o5 = qkv.reshape(B, N, 3, heads, d), out.view(B, N, heads, d)
+    omega = None if omega is None else omega.to(acc)
+    shifts = [qkv.new_empty(B, heads, N, 1, dtype=acc) for _ in range(2)] if kind == "exp" else [None, None]
+    for b, j in _chunks(B, heads, N * m, qkv.device):
+        w, s = _omega(omega, j), None if scale is None else scale[j]
+        xk = _prepare(kind, q5[b, :, 1, j].transpose(1, 2), s, acc)[0]  # [b, h, N, d]
+        phi_k, shift_k = _features(kind, xk, w, None, False)  # [b, h, N, m]
+        v1 = F.pad(q5[b, :, 2, j].transpose(1, 2).to(acc), (0, 1), value=1.0)  # [V | 1] [b, h, N, d+1]
+        kvz_c = phi_k.transpose(-2, -1) @ v1  # [φ(K)ᵀV | φ(K)ᵀ1] [b, h, m, d+1]: N·m·(d+1)
+        del phi_k
+        if factor != 1.0:
+            kvz_c = kvz_c * factor
+        kvz[b, j] = kvz_c
+        if shift_k is not None:
+            shifts[1][b, j] = shift_k
+        for r in _rows(N, kvz_c.shape[0] * kvz_c.shape[1] * m, qkv.device):  # queries in token blocks
+            xq = _prepare(kind, q5[b, r, 0, j].transpose(1, 2), s, acc)[0]  # [b, h, n, d]
+            phi_q, shift_q = _features(kind, xq, w, None, True)
+            qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, n, d+1]: N·m·(d+1) in all
+            o5[b, r, j] = (qkvz_c[..., :d] / _floor(qkvz_c[..., d:], eps)).transpose(1, 2)
+            if shift_q is not None:
+                shifts[0][b, j, r] = shift_q
+    return out, kvz, shifts[0], shifts[1]
+
+
+def kernel_attention_qkv(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor] = None,
+                         scale: Optional[Tensor] = None, eps: Optional[float] = None, factor: float = 1.0) -> Tensor:
+    """``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` per head, from the fused projection to the merged heads.
+
+    Features and sums are computed in float32 (float64 stays float64) even under fp16/bf16 autocast:
+    ``φ(K)ᵀ1`` grows with N and overflows fp16 on large grids, and bf16's 8-bit mantissa would round
+    the features and the normaliser. Gradients are those of the plain expression; a plain forward
+    (no autograd.Function) when tracing with ``torch.jit.trace``, which cannot record one.
+
+    Args:
+        kind: ``"exp"``, ``"fourier"`` or ``"elu"`` (module docstring).
+        qkv: ``[B, N, 3C]``, q, k and v side by side, heads ``[h, d]`` within each.
+        heads: h.
+        omega: ``[m, d]`` shared by the heads or ``[h, m, d]`` (None for ``"elu"``).
+        scale: ``"fourier"``'s ``s`` ``[h, 1, d]``.
+        eps: lower clamp of the normaliser (None: no clamp).
+        factor: constant of ``φ(q)ᵀφ(k)`` (rfa's 1/D), applied to the small ``φ(K)ᵀ[V | 1]`` instead.
+
+    Returns:
+        ``out`` ``[B, N, C]`` (heads merged) in ``qkv``'s dtype.
+    """
+    if torch.jit.is_tracing():
+        return kernel_forward(kind, qkv, heads, omega, scale, eps, factor)[0]
+    return KernelAttention.apply(kind, qkv, heads, omega, scale, eps, factor)
+
+
+class EfficientAttentionCore(torch.autograd.Function):
+    """Efficient Attention ``ρq(Q)(ρk(K)ᵀV)`` from ``qkv[B, N, 3C]`` to ``out[B, N, C]``, saving ``qkv``
+    and the context ``ρk(K)ᵀV`` ``[B, h, d, d]``; the softmaxes (ρq over each query's d features,
+    ρk over the N positions of each key feature) are recomputed in backward, chunk by chunk.
+    Computed in the input's dtype (no sums that grow with N: the softmaxes are normalised).
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, heads: int) -> Tensor:
+        out, context = efficient_forward(qkv, heads)
+        ctx.heads = heads
+        ctx.save_for_backward(qkv, context)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        qkv, context = ctx.saved_tensors
+        heads = ctx.heads
+        B, N, C3 = qkv.shape
+        d = C3 // 3 // heads
+        grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
+        g5, q5, o5 = grad_qkv.view(B, N, 3, heads, d), qkv.reshape(B, N, 3, heads, d), grad.reshape(B, N, heads, d)
+        for b, j in _chunks(B, heads, N * d, qkv.device):
+            g = o5[b, :, j].transpose(1, 2)  # [b, h, N, d]
+            rho_q = q5[b, :, 0, j].transpose(1, 2).softmax(dim=-1)
+            grad_context = rho_q.transpose(-2, -1) @ g  # [b, h, d, d]
+            grad_rho = g @ context[b, j].transpose(-2, -1)  # [b, h, N, d]
+            g5[b, :, 0, j] = torch._softmax_backward_data(grad_rho, rho_q, -1, rho_q.dtype).transpose(1, 2)
+            del rho_q, grad_rho
+            rho_k = q5[b, :, 1, j].transpose(1, 2).softmax(dim=-2)
+            v = q5[b, :, 2, j].transpose(1, 2)
+            g5[b, :, 2, j] = (rho_k @ grad_context).transpose(1, 2)  # ∂L/∂V
+            grad_rho = v @ grad_context.transpose(-2, -1)  # [b, h, N, d]
+            g5[b, :, 1, j] = torch._softmax_backward_data(grad_rho, rho_k, -2, rho_k.dtype).transpose(1, 2)
+        return grad_qkv, None
+
+
+def efficient_forward(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Forward of :class:`EfficientAttentionCore` without autograd: ``out`` ``[B, N, C]`` and the
+    context ``[B, h, d, d]``."""
+    B, N, C3 = qkv.shape
+    d = C3 // 3 // heads
+    out = qkv.new_empty(B, N, heads * d)
+    context = qkv.new_empty(B, heads, d, d)
+    q5, o5 = qkv.reshape(B, N, 3, heads, d), out.view(B, N, heads, d)
+    for b, j in _chunks(B, heads, N * d, qkv.device):
+        rho_k = q5[b, :, 1, j].transpose(1, 2).softmax(dim=-2)  # [b, h, N, d]
+        context_c = rho_k.transpose(-2, -1) @ q5[b, :, 2, j].transpose(1, 2)  # ρk(K)ᵀV: N·d·d per head
+        context[b, j] = context_c
+        o5[b, :, j] = (q5[b, :, 0, j].transpose(1, 2).softmax(dim=-1) @ context_c).transpose(1, 2)  # N·d·d
+    return out, context
+
+
+def efficient_attention_qkv(qkv: Tensor, heads: int) -> Tensor:
+    """``ρq(Q)(ρk(K)ᵀV)`` per head from the fused projection ``qkv[B, N, 3C]`` to merged heads ``[B, N, C]``
+    (:class:`EfficientAttentionCore`; a plain forward when tracing with ``torch.jit.trace``).
+
+    Args:
+        qkv: q, k and v side by side, heads ``[h, d]`` within each.
+        heads: h.
+    """
+    if torch.jit.is_tracing():
+        return efficient_forward(qkv, heads)[0]
+    return EfficientAttentionCore.apply(qkv, heads)
