@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from vitzoo.attention._gather import gather_tokens, gathered_attention, pad_grid
+from vitzoo.attention._gather import block_attention, global_ids, global_mask, pad_grid, with_global
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -192,7 +192,7 @@ class SparsePatternAttention(QKVAttention):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
-                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, grid, k_glob[:, hs],
+                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, k_glob[:, hs],
                                            v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
                             .unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
@@ -208,11 +208,20 @@ class SparsePatternAttention(QKVAttention):
 
     def gathered(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern, group: HeadGroup, k_glob: Tensor,
                  v_glob: Tensor) -> Tensor:
-        """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]`` (see :func:`gathered_attention`)."""
-        k_pad, v_pad = pad_grid(k, pat.grid, pat.padded), pad_grid(v, pat.grid, pat.padded)  # [B, h, L', d]
-        q_groups = gather_tokens(pad_grid(q, pat.grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
-        return gathered_attention(q_groups, k_pad, v_pad, group.keys, group.valid, k_glob, v_glob, self.scale,
-                                  self.attn_drop)
+        """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]``.
+
+        Each query group's S queries attend to its K gathered keys plus the G global keys in one
+        fused call per group (:func:`~vitzoo.attention._gather.block_attention`: the gathered
+        keys/values and the probabilities are recomputed in backward, not stored).
+        """
+        (Q, S), G = pat.group_shape(), k_glob.shape[2]
+        q_pad, k_pad, v_pad = (pad_grid(t, pat.grid, pat.padded) for t in (q, k, v))  # [B, h, L', d]
+        valid = group.valid if group.valid is not None else group.keys.new_ones(group.keys.shape, dtype=torch.bool)
+        p_drop = self.attn_drop.p if self.training else 0.0
+        out = block_attention(q_pad, with_global(k_pad, k_glob), with_global(v_pad, v_glob), pat.queries,
+                              global_ids(group.keys, G), global_mask(valid[:, None, :], G), self.scale,
+                              p_drop)  # [B, h, Q·S, d]
+        return out.unflatten(2, (Q, S))
 
     def attend_flops(self, grid: Grid) -> int:
         pat = self.pattern_at(grid)
