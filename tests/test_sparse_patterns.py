@@ -115,9 +115,9 @@ def test_bigbird_random_blocks_are_seeded_stored_and_reloaded():
     c = build_attention({"name": "bigbird"}, MixerContext(32, 4, (16, 16), 0, layer_index=3))
     assert not torch.equal(a.random_blocks, c.random_blocks)
     # 8x8 blocks of 2x2, block 0 global: 63 query blocks, each 2 random blocks outside its 3x3 window,
-    # drawn per head (one head group each)
-    assert a.random_blocks.shape == (4, 64, 2) and len(a.pattern.groups) == 4
-    assert a.pattern.groups[0].keys.shape == (63, (9 + 2) * 4)
+    # drawn per head (one head group, key lists per head)
+    assert a.random_blocks.shape == (4, 64, 2) and len(a.pattern.groups) == 1
+    assert a.pattern.groups[0].keys.shape == (4, 63, (9 + 2) * 4)
     assert not torch.equal(a.random_blocks[0], a.random_blocks[1])
     window, _ = neighbourhood_index((8, 8), (3, 3))
     for head in range(4):

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from vitzoo.attention.base import Grid
@@ -39,20 +39,20 @@ def with_global(x: Tensor, x_glob: Tensor) -> Tensor:
 
 
 def global_ids(keys: Tensor, num_global: int) -> Tensor:
-    """Per-block key ids ``keys[n, K]`` into a :func:`with_global` source: ``[n, G + K]`` (globals first)."""
-    glob = torch.arange(num_global, device=keys.device).expand(keys.shape[0], -1)  # [n, G]
-    return torch.cat([glob, keys + num_global], dim=1)
+    """Per-block key ids ``keys[.., n, K]`` into a :func:`with_global` source: ``[.., n, G + K]`` (globals first)."""
+    glob = torch.arange(num_global, device=keys.device).expand(*keys.shape[:-1], -1)  # [.., n, G]
+    return torch.cat([glob, keys + num_global], dim=-1)
 
 
 def global_mask(mask: Tensor, num_global: int) -> Tensor:
-    """Boolean ``mask[n, S or 1, K]`` with G always-visible global keys in front: ``[n, S or 1, G + K]``."""
-    return torch.cat([mask.new_ones(*mask.shape[:2], num_global), mask], dim=-1) if num_global else mask
+    """Boolean ``mask[.., n, S or 1, K]`` with G always-visible global keys in front: ``[.., n, S or 1, G + K]``."""
+    return torch.cat([mask.new_ones(*mask.shape[:-1], num_global), mask], dim=-1) if num_global else mask
 
 
 # Blocks per fused call: at most this many gathered key (or value) elements per call, so that the
-# blocks gathered again in backward and their gradients stay a few MB (one call per head otherwise
+# blocks gathered again in backward and their gradients stay ~0.5 MB (cache-sized; one call per head would
 # holds ~11 copies of its keys for BigBird's 2x2 blocks).
-GATHER_ELEMS = 1 << 21
+GATHER_ELEMS = 1 << 17
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
@@ -70,50 +70,69 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
         q: ``[B, c, L_q, d]`` queries of c heads that share the blocks.
         k, v: ``[B, c, L_k, d]`` keys/values (with the global keys, see :func:`with_global`).
         q_ids: ``[n, S]`` query ids of each block.
-        k_ids: ``[n, K]`` key ids of each block.
-        mask: ``[n, S or 1, K]`` booleans (no all-False row).
+        k_ids: ``[n, K]`` key ids of each block, or ``[c, n, K]``: per head (BigBird's random blocks).
+        mask: ``[n, S or 1, K]`` booleans (no all-False row), or ``[c, n, S or 1, K]`` per head.
         scale: 1/√d.
         p_drop: dropout on the attention weights.
 
     Returns:
         ``[B, c, n·S, d]`` in block order.
     """
-    B, c, _, d = q.shape
-    n, K = k_ids.shape
-    step = max(1, GATHER_ELEMS // (B * c * K * d))  # blocks per call
-    grad = torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v))
-    outs = []
-    for i in range(0, n, step):
-        part = (q, k, v, q_ids[i:i + step].flatten(), k_ids[i:i + step].flatten(), mask[i:i + step], scale)
-        if not grad:
-            outs.append(_block_sdpa(*part, p_drop))
-        elif q.device.type == "cpu" and p_drop == 0.0:
-            outs.append(_BlockSDPA.apply(*part))
-        else:
-            outs.append(checkpoint(_block_sdpa, *part, p_drop, use_reentrant=False))
-    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    if torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v)):
+        if q.device.type == "cpu" and p_drop == 0.0:
+            return _BlockSDPA.apply(q, k, v, q_ids, k_ids, mask, scale)
+        return checkpoint(_block_sdpa, q, k, v, q_ids, k_ids, mask, scale, p_drop, use_reentrant=False)
+    return _block_sdpa(q, k, v, q_ids, k_ids, mask, scale, p_drop)
 
 
-def _gather_blocks(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor,
-                   n: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The n blocks of one call: ``[B, c·n, S, d]`` queries, ``[B, c·n, K, d]`` keys and values."""
-    B, c, _, d = q.shape
-    return tuple(t.index_select(2, ids).view(B, c * n, -1, d) for t, ids in ((q, q_ids), (k, k_ids), (v, k_ids)))
+def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
+    """Block ranges of the fused calls: at most :data:`GATHER_ELEMS` gathered key elements each."""
+    (B, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
+    step = max(1, GATHER_ELEMS // (B * c * K * d))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _heads_mask(mask: Tensor, c: int) -> Tensor:
-    """Boolean ``mask[n, S or 1, K]`` repeated for c heads: ``[1, c·n, S or 1, K]``."""
-    return mask.expand(c, -1, -1, -1).flatten(0, 1)[None]
+def _flat_ids(ids: Tensor, part: slice, length: int) -> Tensor:
+    """Per-head ids ``[c, n, X]`` of blocks ``part`` into tokens flattened over heads (``c·length``)."""
+    offset = torch.arange(ids.shape[0], device=ids.device)[:, None, None] * length
+    return (ids[:, part] + offset).flatten()
+
+
+def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
+    """``t[B, c, L, d]`` gathered for blocks ``part`` of ``ids`` (``[n, X]`` shared or ``[c, n, X]`` per head) -> ``[B, c·m, X, d]``."""
+    B, c, L, d = t.shape
+    m = part.stop - part.start
+    if ids.dim() == 2:
+        return t.index_select(2, ids[part].flatten()).view(B, c * m, -1, d)
+    return t.reshape(B, c * L, d).index_select(1, _flat_ids(ids, part, L)).view(B, c * m, -1, d)
+
+
+def _add_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
+    """Adds block gradients ``grad[B, c·m, X, d]`` to the tokens of contiguous ``dst[B, c, L, d]`` they came from."""
+    B, c, L, d = dst.shape
+    if ids.dim() == 2:
+        dst.index_add_(2, ids[part].flatten(), grad.reshape(B, c, -1, d))
+    else:
+        dst.view(B, c * L, d).index_add_(1, _flat_ids(ids, part, L), grad.reshape(B, -1, d))
+
+
+def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
+    """Blocks ``part`` of ``mask`` (``[n, S or 1, K]`` shared or ``[c, n, S or 1, K]``) for c heads: ``[1, c·m, S or 1, K]``."""
+    mask = mask[part].expand(c, -1, -1, -1) if mask.dim() == 3 else mask[:, part]
+    return mask.flatten(0, 1)[None]
 
 
 def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
                 p_drop: float) -> Tensor:
-    """One call of :func:`block_attention` through ``F.scaled_dot_product_attention`` -> ``[B, c, n·S, d]``."""
+    """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, n·S, d]``."""
     B, c, _, d = q.shape
-    q_blk, k_blk, v_blk = _gather_blocks(q, k, v, q_ids, k_ids, mask.shape[0])  # [B, c·n, S or K, d]
-    out = F.scaled_dot_product_attention(q_blk, k_blk, v_blk, attn_mask=_heads_mask(mask, c), dropout_p=p_drop,
-                                         scale=scale)  # [B, c·n, S, d]
-    return out.view(B, c, -1, d)
+    outs = []
+    for part in _chunks(q, k_ids):
+        out = F.scaled_dot_product_attention(_select(q, q_ids, part), _select(k, k_ids, part), _select(v, k_ids, part),
+                                             attn_mask=_heads_mask(mask, part, c), dropout_p=p_drop,
+                                             scale=scale)  # [B, c·m, S, d]
+        outs.append(out.view(B, c, -1, d))
+    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
 
 class _BlockSDPA(torch.autograd.Function):
@@ -126,25 +145,33 @@ class _BlockSDPA(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor,
                 scale: float) -> Tensor:
-        B, c, _, d = q.shape
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-        bias = _heads_mask(bias, c)  # additive: [1, c·n, S or 1, K]
-        q_blk, k_blk, v_blk = _gather_blocks(q, k, v, q_ids, k_ids, mask.shape[0])
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q_blk, k_blk, v_blk, 0.0, False, attn_mask=bias, scale=scale)  # [B, c·n, S, d], [B, c·n, S]
+        (B, c, _, d), (n, S) = q.shape, q_ids.shape
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))  # additive
+        out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
+        for part in _chunks(q, k_ids):
+            m = part.stop - part.start
+            o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                _select(q, q_ids, part), _select(k, k_ids, part), _select(v, k_ids, part), 0.0, False,
+                attn_mask=_heads_mask(bias, part, c), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
+            out[:, :, part] = o.view(B, c, m, S, d)
+            lse[:, :, part] = l.view(B, c, m, S)
         ctx.save_for_backward(q, k, v, q_ids, k_ids, bias, out, lse)
-        ctx.scale, ctx.n = scale, mask.shape[0]
-        return out.view(B, c, -1, d)
+        ctx.scale = scale
+        return out.view(B, c, n * S, d)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
         q, k, v, q_ids, k_ids, bias, out, lse = ctx.saved_tensors
-        B, c, _, d = q.shape
-        q_blk, k_blk, v_blk = _gather_blocks(q, k, v, q_ids, k_ids, ctx.n)
-        g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad.reshape(out.shape), q_blk, k_blk, v_blk, out, lse, 0.0, False, attn_mask=bias, scale=ctx.scale)
-        del q_blk, k_blk, v_blk
-        d_q = torch.zeros_like(q).index_add_(2, q_ids, g_q.reshape(B, c, -1, d))
-        d_k = torch.zeros_like(k).index_add_(2, k_ids, g_k.reshape(B, c, -1, d))
-        d_v = torch.zeros_like(v).index_add_(2, k_ids, g_v.reshape(B, c, -1, d))
+        (B, c, _, d), (n, S) = q.shape, q_ids.shape
+        grad = grad.view(B, c, n, S, d)
+        d_q, d_k, d_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
+        for part in _chunks(q, k_ids):
+            m = part.stop - part.start
+            g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad[:, :, part].reshape(B, c * m, S, d), _select(q, q_ids, part), _select(k, k_ids, part),
+                _select(v, k_ids, part), out[:, :, part].reshape(B, c * m, S, d), lse[:, :, part].reshape(B, c * m, S),
+                0.0, False, attn_mask=_heads_mask(bias, part, c), scale=ctx.scale)
+            _add_back(d_q, q_ids, part, g_q)
+            _add_back(d_k, k_ids, part, g_k)
+            _add_back(d_v, k_ids, part, g_v)
         return d_q, d_k, d_v, None, None, None, None

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
-from vitzoo.attention._gather import block_attention, global_ids, global_mask, pad_grid, with_global
+from vitzoo.attention._gather import block_attention, global_mask
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -46,9 +46,10 @@ class HeadGroup(nn.Module):
 
     Args:
         heads: number of heads in the group.
-        keys: ``[Q, K]`` ids into the (padded) grid of each query group's keys; None: the group's
-            grid queries attend densely to every key (``multi_pattern``'s global heads).
-        valid: ``[Q, K]`` booleans (False: masked key), or None when all are valid.
+        keys: ``[Q, K]`` ids into the (padded) grid of each query group's keys, or ``[heads, Q, K]``
+            per head (BigBird's random blocks); None: the group's grid queries attend densely to
+            every key (``multi_pattern``'s global heads).
+        valid: booleans of the shape of ``keys`` (False: masked key), or None when all are valid.
     """
 
     def __init__(self, heads: int, keys: Optional[Tensor] = None, valid: Optional[Tensor] = None):
@@ -198,29 +199,36 @@ class SparsePatternAttention(QKVAttention):
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
-                outs.append(self.gathered(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], pat, group, k_glob[:, hs],
-                                          v_glob[:, hs]))
+                outs.append(self.gathered(q_grid[:, hs], k_all[:, hs], v_all[:, hs], pat, group))
         o_grid = torch.cat(outs, dim=1).flatten(2, 3)  # [B, h, Q·S, d]
         o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
         if pat.inverse is not None:
             o_grid = torch.cat([o_grid, o_gg], dim=2).index_select(2, pat.inverse)  # [B, h, L, d] raster order
         return torch.cat([o_pre, o_grid], dim=2)
 
-    def gathered(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern, group: HeadGroup, k_glob: Tensor,
-                 v_glob: Tensor) -> Tensor:
-        """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]``.
+    def gathered(self, q: Tensor, k_all: Tensor, v_all: Tensor, pat: SparsePattern, group: HeadGroup) -> Tensor:
+        """Grid queries ``q[B, h, L, d]`` of one gathered head group over ``k_all, v_all[B, h, F + L, d]`` (every
+        key: F = P + g prefix and learned tokens, then the grid) -> ``[B, h, Q, S, d]``.
 
-        Each query group's S queries attend to its K gathered keys plus the G global keys in one
-        fused call per group (:func:`~vitzoo.attention._gather.block_attention`: the gathered
-        keys/values and the probabilities are recomputed in backward, not stored).
+        Each query group's S queries attend to the F front keys, the global grid tokens and its K
+        gathered keys, gathered straight from ``k_all`` (padding slots point at token 0 and are
+        masked, padding queries' outputs are dropped), in fused calls
+        (:func:`~vitzoo.attention._gather.block_attention`: the gathered keys/values and the
+        probabilities are recomputed in backward, not stored).
         """
-        (Q, S), G = pat.group_shape(), k_glob.shape[2]
-        q_pad, k_pad, v_pad = (pad_grid(t, pat.grid, pat.padded) for t in (q, k, v))  # [B, h, L', d]
-        valid = group.valid if group.valid is not None else group.keys.new_ones(group.keys.shape, dtype=torch.bool)
+        (Q, S), (H, W), (Hp, Wp) = pat.group_shape(), pat.grid, pat.padded
+        front = k_all.shape[2] - H * W
+        pos = torch.arange(Hp * Wp, device=q.device)
+        real = (pos // Wp < H) & (pos % Wp < W)  # [L'] padded id is a grid token
+        raster = torch.where(real, (pos // Wp) * W + pos % Wp, 0)  # [L'] its raster id (0: padding)
+        glob_grid = pat.global_grid if pat.global_grid is not None else pos[:0]
+        glob = torch.cat([torch.arange(front, device=q.device), front + glob_grid])  # [G] every query's global keys
+        keys = front + raster[group.keys]  # [.., Q, K] ids into k_all
+        valid = group.valid if group.valid is not None else real[group.keys]
         p_drop = self.attn_drop.p if self.training else 0.0
-        out = block_attention(q_pad, with_global(k_pad, k_glob), with_global(v_pad, v_glob), pat.queries,
-                              global_ids(group.keys, G), global_mask(valid[:, None, :], G), self.scale,
-                              p_drop)  # [B, h, Q·S, d]
+        keys = torch.cat([glob.expand(*keys.shape[:-1], -1), keys], dim=-1)  # [.., Q, G + K]
+        mask = global_mask(valid.unsqueeze(-2), glob.numel())  # [.., Q, 1, G + K]
+        out = block_attention(q, k_all, v_all, raster[pat.queries], keys, mask, self.scale, p_drop)  # [B, h, Q·S, d]
         return out.unflatten(2, (Q, S))
 
     def attend_flops(self, grid: Grid) -> int:
@@ -243,7 +251,7 @@ class SparsePatternAttention(QKVAttention):
                 flops += sdpa_flops(1, group.heads, Q * S, n_keys, d)
             else:
                 # QKᵀ and AV of Q·S queries over K gathered keys plus the global keys, per head
-                flops += 2 * group.heads * Q * S * (group.keys.shape[1] + n_glob) * d
+                flops += 2 * group.heads * Q * S * (group.keys.shape[-1] + n_glob) * d
         return flops
 
     def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
