@@ -49,10 +49,11 @@ def global_mask(mask: Tensor, num_global: int) -> Tensor:
     return torch.cat([mask.new_ones(*mask.shape[:-1], num_global), mask], dim=-1) if num_global else mask
 
 
-# Blocks per fused call: at most this many gathered key (or value) elements per call, so that the
-# blocks gathered again in backward and their gradients stay ~0.5 MB (cache-sized; one call per head would
-# holds ~11 copies of its keys for BigBird's 2x2 blocks).
-GATHER_ELEMS = 1 << 17
+# Blocks per fused call: at most this many gathered key (or value) elements (1 MB in float32), so
+# that the blocks gathered again in backward and their gradients stay small and in cache (all
+# blocks at once would hold ~11 copies of the keys for BigBird's 2x2 blocks). At 64x64 tokens,
+# 2 threads: smaller chunks pay more per-call overhead, larger ones were slower and hold more.
+GATHER_ELEMS = 1 << 18
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
