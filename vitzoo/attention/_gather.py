@@ -20,18 +20,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from vitzoo.attention.base import Grid
-
-
-def pad_grid(x: Tensor, grid: Grid, padded: Grid) -> Tensor:
-    """``x[B, h, H·W, d]`` zero-padded at the bottom/right to ``[B, h, H'·W', d]``."""
-    if tuple(padded) == tuple(grid):
-        return x
-    (H, W), (Hp, Wp) = grid, padded
-    B, h, _, d = x.shape
-    x = F.pad(x.reshape(B, h, H, W, d), (0, 0, 0, Wp - W, 0, Hp - H))  # [B, h, H', W', d]
-    return x.reshape(B, h, Hp * Wp, d)  # [B, h, L', d]
-
 
 def with_global(x: Tensor, x_glob: Tensor) -> Tensor:
     """``cat([x_glob[B, h, G, d], x[B, h, L, d]])`` along tokens: global ids 0..G-1, token t at G + t."""

@@ -20,9 +20,10 @@ attends with dense matmuls to its halo: keys that cover every key of every query
   definition. Padding halo slots are masked; padding query slots repeat a real query of their
   block (no all-masked row) and their outputs are dropped.
 
-Keys and values are cut with two ``index_select`` (rows, then columns): about
+Queries, keys and values are cut with one ``index_select`` each (flat ids per block): about
 ``(hb_H·hb_W)/(b_H·b_W)`` copies of K and V instead of k². Global keys (prefix and learned
-tokens) join every block's scores, as in :func:`vitzoo.attention._gather.gathered_attention`.
+tokens) join every block's keys in front (:func:`vitzoo.attention._gather.with_global`); the blocks
+run through :func:`vitzoo.attention._gather.block_attention`.
 """
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ class HaloGroup(nn.Module):
 
 
 def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor,
-                   scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None) -> Tensor:
+                   scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None,
+                   kv_all: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
     """Softmax attention of each query block over its halo (masked to each query's keys) plus the global keys.
 
     Without a bias the blocks run as fused SDPA calls that backward recomputes
@@ -169,6 +171,8 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Te
         scale: 1/√d.
         drop: dropout on the attention weights, or None.
         bias: additive ``[h, blocks, S, K]`` halo scores (relative positions), or None.
+        kv_all: ``(k_all, v_all)`` equal to ``cat([k_glob, k])`` and ``cat([v_glob, v])`` along tokens,
+            when the caller has them (no second copy is made and saved for backward), or None.
 
     Returns:
         ``[B, h, H·W, d]``.
@@ -177,7 +181,8 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Te
         return halo_scores(q, k, v, group, k_glob, v_glob, scale, drop, bias)
     p_drop = drop.p if drop is not None and drop.training else 0.0
     (nb, S, K), G = group.mask.shape, k_glob.shape[2]
-    out = block_attention(q, with_global(k, k_glob), with_global(v, v_glob), group.q_ids.view(nb, S),
+    k_src, v_src = kv_all if kv_all is not None else (with_global(k, k_glob), with_global(v, v_glob))
+    out = block_attention(q, k_src, v_src, group.q_ids.view(nb, S),
                           global_ids(group.k_ids.view(nb, K), G), global_mask(group.mask, G), scale, p_drop)
     return out.index_select(2, group.out_ids)  # [B, h, blocks·S, d] -> raster order [B, h, H·W, d]
 

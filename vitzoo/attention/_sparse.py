@@ -6,10 +6,14 @@ buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplie
 
 * Neighbourhood head groups (``local``, ``dilated``, ``global_tokens``, ``longformer``,
   ``multi_pattern``'s local/dilated heads) run blocked (halo) attention
-  (:mod:`vitzoo.attention._halo`): b×b query blocks score their halo of K keys with dense matmuls
-  and an exact boolean mask, ``[B, h, blocks, S, G + K]``.
-* BigBird's grid queries come in Q blocks of S tokens that share one list of K key tokens,
-  gathered with ``index_select``: scores ``[B, h, Q, S, G + K]``. Never ``[B, h, N, N]``.
+  (:mod:`vitzoo.attention._halo`): b×b query blocks attend to their halo of K keys with an exact
+  boolean mask, ``[B, h·blocks, S, d]`` against ``[B, h·blocks, G + K, d]``.
+* BigBird's grid queries come in Q blocks of S tokens that share one list of K key tokens per
+  head, gathered straight from the keys of every token. Never ``[B, h, N, N]``.
+* Both run as fused SDPA calls over chunks of blocks
+  (:func:`vitzoo.attention._gather.block_attention`); in training, backward gathers the blocks
+  again instead of storing them or the probabilities (the saved activations are the block outputs
+  and their log-sum-exp, as for ``global``).
 * G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
   tokens and BigBird's global blocks.
 * Global queries (prefix tokens, tokens of BigBird's global blocks) attend to every key through
@@ -193,9 +197,10 @@ class SparsePatternAttention(QKVAttention):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
+                kv_all = (k_all[:, hs], v_all[:, hs]) if k_glob.shape[2] and not pat.num_global_grid else None
                 outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, k_glob[:, hs],
-                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
-                            .unsqueeze(3))
+                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs),
+                                           kv_all).unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
