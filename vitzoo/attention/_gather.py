@@ -26,6 +26,11 @@ def with_global(x: Tensor, x_glob: Tensor) -> Tensor:
     return torch.cat([x_glob, x], dim=2) if x_glob.shape[2] else x
 
 
+def _joined(x: Tensor, x_glob: Optional[Tensor]) -> Tensor:
+    """:func:`with_global` when there are global keys, ``x`` otherwise."""
+    return x if x_glob is None else with_global(x, x_glob)
+
+
 def global_ids(keys: Tensor, num_global: int) -> Tensor:
     """Per-block key ids ``keys[.., n, K]`` into a :func:`with_global` source: ``[.., n, G + K]`` (globals first)."""
     glob = torch.arange(num_global, device=keys.device).expand(*keys.shape[:-1], -1)  # [.., n, G]
@@ -45,7 +50,7 @@ GATHER_ELEMS = 1 << 18
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
-                    p_drop: float = 0.0) -> Tensor:
+                    p_drop: float = 0.0, k_glob: Optional[Tensor] = None, v_glob: Optional[Tensor] = None) -> Tensor:
     """Blocks of S queries, each over its own gathered keys: fused SDPA, recomputed in backward.
 
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values ``k[..., k_ids[i], :]``. The
@@ -57,21 +62,23 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
 
     Args:
         q: ``[B, c, L_q, d]`` queries of c heads that share the blocks.
-        k, v: ``[B, c, L_k, d]`` keys/values (with the global keys, see :func:`with_global`).
+        k, v: ``[B, c, L_k, d]`` keys/values.
         q_ids: ``[n, S]`` query ids of each block.
         k_ids: ``[n, K]`` key ids of each block, or ``[c, n, K]``: per head (BigBird's random blocks).
         mask: ``[n, S or 1, K]`` booleans (no all-False row), or ``[c, n, S or 1, K]`` per head.
         scale: 1/√d.
         p_drop: dropout on the attention weights.
+        k_glob, v_glob: ``[B, c, G, d]`` keys/values placed in front of ``k``/``v`` (:func:`with_global`;
+            the ids count them), joined inside so that the joined copy is not saved; None: none.
 
     Returns:
         ``[B, c, n·S, d]`` in block order.
     """
     if torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v)):
         if q.device.type == "cpu" and p_drop == 0.0:
-            return _BlockSDPA.apply(q, k, v, q_ids, k_ids, mask, scale)
-        return checkpoint(_block_sdpa, q, k, v, q_ids, k_ids, mask, scale, p_drop, use_reentrant=False)
-    return _block_sdpa(q, k, v, q_ids, k_ids, mask, scale, p_drop)
+            return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale)
+        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale, p_drop, use_reentrant=False)
+    return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale, p_drop)
 
 
 def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
@@ -111,10 +118,11 @@ def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
     return mask.flatten(0, 1)[None]
 
 
-def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
-                p_drop: float) -> Tensor:
+def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                k_ids: Tensor, mask: Tensor, scale: float, p_drop: float) -> Tensor:
     """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, n·S, d]``."""
     B, c, _, d = q.shape
+    k, v = _joined(k, k_glob), _joined(v, v_glob)
     outs = []
     for part in _chunks(q, k_ids):
         out = F.scaled_dot_product_attention(_select(q, q_ids, part), _select(k, k_ids, part), _select(v, k_ids, part),
@@ -132,9 +140,10 @@ class _BlockSDPA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor,
-                scale: float) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k_grid: Tensor, v_grid: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
+                q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
+        k, v = _joined(k_grid, k_glob), _joined(v_grid, v_glob)
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))  # additive
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
         for part in _chunks(q, k_ids):
@@ -144,14 +153,15 @@ class _BlockSDPA(torch.autograd.Function):
                 attn_mask=_heads_mask(bias, part, c), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
-        ctx.save_for_backward(q, k, v, q_ids, k_ids, bias, out, lse)
+        ctx.save_for_backward(q, k_grid, v_grid, k_glob, v_glob, q_ids, k_ids, bias, out, lse)
         ctx.scale = scale
         return out.view(B, c, n * S, d)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        q, k, v, q_ids, k_ids, bias, out, lse = ctx.saved_tensors
+        q, k_grid, v_grid, k_glob, v_glob, q_ids, k_ids, bias, out, lse = ctx.saved_tensors
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
+        k, v = _joined(k_grid, k_glob), _joined(v_grid, v_glob)  # joined again, not saved
         grad = grad.view(B, c, n, S, d)
         d_q, d_k, d_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
         for part in _chunks(q, k_ids):
@@ -163,4 +173,6 @@ class _BlockSDPA(torch.autograd.Function):
             _add_back(d_q, q_ids, part, g_q)
             _add_back(d_k, k_ids, part, g_k)
             _add_back(d_v, k_ids, part, g_v)
-        return d_q, d_k, d_v, None, None, None, None
+        G = 0 if k_glob is None else k_glob.shape[2]
+        d_kg, d_vg = (d_k[:, :, :G], d_v[:, :, :G]) if k_glob is not None else (None, None)
+        return d_q, d_k[:, :, G:], d_v[:, :, G:], d_kg, d_vg, None, None, None, None

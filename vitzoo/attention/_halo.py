@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from vitzoo.attention._gather import block_attention, global_ids, global_mask, with_global
+from vitzoo.attention._gather import block_attention, global_ids, global_mask
 from vitzoo.attention._neighbourhood import axis_index
 from vitzoo.attention.base import Grid
 
@@ -155,8 +155,7 @@ class HaloGroup(nn.Module):
 
 
 def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor,
-                   scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None,
-                   kv_all: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
+                   scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None) -> Tensor:
     """Softmax attention of each query block over its halo (masked to each query's keys) plus the global keys.
 
     Without a bias the blocks run as fused SDPA calls that backward recomputes
@@ -171,8 +170,6 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Te
         scale: 1/√d.
         drop: dropout on the attention weights, or None.
         bias: additive ``[h, blocks, S, K]`` halo scores (relative positions), or None.
-        kv_all: ``(k_all, v_all)`` equal to ``cat([k_glob, k])`` and ``cat([v_glob, v])`` along tokens,
-            when the caller has them (no second copy is made and saved for backward), or None.
 
     Returns:
         ``[B, h, H·W, d]``.
@@ -181,9 +178,9 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Te
         return halo_scores(q, k, v, group, k_glob, v_glob, scale, drop, bias)
     p_drop = drop.p if drop is not None and drop.training else 0.0
     (nb, S, K), G = group.mask.shape, k_glob.shape[2]
-    k_src, v_src = kv_all if kv_all is not None else (with_global(k, k_glob), with_global(v, v_glob))
-    out = block_attention(q, k_src, v_src, group.q_ids.view(nb, S),
-                          global_ids(group.k_ids.view(nb, K), G), global_mask(group.mask, G), scale, p_drop)
+    out = block_attention(q, k, v, group.q_ids.view(nb, S),
+                          global_ids(group.k_ids.view(nb, K), G), global_mask(group.mask, G), scale, p_drop,
+                          *((k_glob, v_glob) if G else ()))
     return out.index_select(2, group.out_ids)  # [B, h, blocks·S, d] -> raster order [B, h, H·W, d]
 
 

@@ -197,10 +197,9 @@ class SparsePatternAttention(QKVAttention):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
-                kv_all = (k_all[:, hs], v_all[:, hs]) if k_glob.shape[2] and not pat.num_global_grid else None
                 outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, k_glob[:, hs],
-                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs),
-                                           kv_all).unsqueeze(3))
+                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
+                            .unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
