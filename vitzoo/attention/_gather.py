@@ -42,11 +42,12 @@ def global_mask(mask: Tensor, num_global: int) -> Tensor:
     return torch.cat([mask.new_ones(*mask.shape[:-1], num_global), mask], dim=-1) if num_global else mask
 
 
-# Blocks per fused call: at most this many gathered key (or value) elements (1 MB in float32), so
+# Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4,
+# 1 MB in float32), so
 # that the blocks gathered again in backward and their gradients stay small and in cache (all
 # blocks at once would hold ~11 copies of the keys for BigBird's 2x2 blocks). At 64x64 tokens,
 # 2 threads: smaller chunks pay more per-call overhead, larger ones were slower and hold more.
-GATHER_ELEMS = 1 << 18
+GATHER_ELEMS = 1 << 16
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
@@ -54,8 +55,8 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     """Blocks of S queries, each over its own gathered keys: fused SDPA, recomputed in backward.
 
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values ``k[..., k_ids[i], :]``. The
-    blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements, one SDPA call each. For
-    training on the CPU without dropout, backward gathers the chunk's blocks again and runs the
+    blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements per image, one SDPA call each. For
+    training on the CPU without dropout or autocast, backward gathers the chunk's blocks again and runs the
     flash kernel's backward from the saved output and log-sum-exp (:class:`_BlockSDPA`): neither
     the gathered keys/values nor the probabilities are stored. Elsewhere with a gradient each call
     is checkpointed (recomputed in backward).
@@ -75,16 +76,17 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
         ``[B, c, n·S, d]`` in block order.
     """
     if torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v)):
-        if q.device.type == "cpu" and p_drop == 0.0:
+        same = all(t is None or t.dtype == q.dtype for t in (k, v, k_glob, v_glob))
+        if q.device.type == "cpu" and p_drop == 0.0 and same and not torch.is_autocast_enabled("cpu"):
             return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale)
         return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale, p_drop, use_reentrant=False)
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale, p_drop)
 
 
 def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
-    """Block ranges of the fused calls: at most :data:`GATHER_ELEMS` gathered key elements each."""
-    (B, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
-    step = max(1, GATHER_ELEMS // (B * c * K * d))
+    """Block ranges of the fused calls: at most :data:`GATHER_ELEMS` gathered key elements per image each."""
+    (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
+    step = max(1, GATHER_ELEMS // (c * K * d))  # not by batch size: exported graphs keep it dynamic
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
@@ -162,7 +164,7 @@ class _BlockSDPA(torch.autograd.Function):
         q, k_grid, v_grid, k_glob, v_glob, q_ids, k_ids, bias, out, lse = ctx.saved_tensors
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         k, v = _joined(k_grid, k_glob), _joined(v_grid, v_glob)  # joined again, not saved
-        grad = grad.view(B, c, n, S, d)
+        grad = grad.to(out.dtype).view(B, c, n, S, d)
         d_q, d_k, d_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
