@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token
 from vitzoo import create_model
-from vitzoo.attention import ConfigError, MixerContext, build_attention
+from vitzoo.attention import ConfigError, MixerContext, _gather, build_attention
 from vitzoo.attention._neighbourhood import axis_index, fit_dilation, neighbourhood_index
 from vitzoo.attention._sparse import SparsePatternAttention
 from vitzoo.flops import flop_analysis
@@ -114,9 +115,9 @@ def test_bigbird_random_blocks_are_seeded_stored_and_reloaded():
     c = build_attention({"name": "bigbird"}, MixerContext(32, 4, (16, 16), 0, layer_index=3))
     assert not torch.equal(a.random_blocks, c.random_blocks)
     # 8x8 blocks of 2x2, block 0 global: 63 query blocks, each 2 random blocks outside its 3x3 window,
-    # drawn per head (one head group each)
-    assert a.random_blocks.shape == (4, 64, 2) and len(a.pattern.groups) == 4
-    assert a.pattern.groups[0].keys.shape == (63, (9 + 2) * 4)
+    # drawn per head (one head group, key lists per head)
+    assert a.random_blocks.shape == (4, 64, 2) and len(a.pattern.groups) == 1
+    assert a.pattern.groups[0].keys.shape == (4, 63, (9 + 2) * 4)
     assert not torch.equal(a.random_blocks[0], a.random_blocks[1])
     window, _ = neighbourhood_index((8, 8), (3, 3))
     for head in range(4):
@@ -162,3 +163,27 @@ def test_builds_and_trains_in_cifar_models(name, model):
     assert out.shape == (2, 10)
     out.logsumexp(-1).sum().backward()
     assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("grid,prefix,path", [((8, 8), 1, "flash"), ((7, 9), 0, "flash"), ((7, 9), 1, "chunked"),
+                                              ((8, 8), 1, "checkpoint")])
+def test_gradients_match_reference(name, grid, prefix, path, monkeypatch):
+    """Backward recomputes the gathered blocks (CPU flash kernel's backward, or checkpointed SDPA as on
+    GPU or with dropout; in one call or one block per call): its gradients for the input and every
+    parameter are those of the dense masked reference."""
+    if path == "chunked":
+        monkeypatch.setattr(_gather, "GATHER_ELEMS", 1)  # one block per fused call
+    if path == "checkpoint":
+        monkeypatch.setattr(_gather._BlockSDPA, "apply", lambda *a: checkpoint(_gather._block_sdpa, *a, 0.0,
+                                                                                use_reentrant=False))
+    torch.manual_seed(0)
+    attn = make_attention(name, grid, prefix).double().train()
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64, requires_grad=True)
+    g = torch.randn_like(x)
+    params = [p for p in attn.parameters() if p.requires_grad]
+    fast = torch.autograd.grad(attn(x, grid), [x, *params], g, allow_unused=True)
+    ref = torch.autograd.grad(attn.reference(x, grid), [x, *params], g, allow_unused=True)
+    for a, b in zip(fast, ref):
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)

@@ -20,9 +20,10 @@ attends with dense matmuls to its halo: keys that cover every key of every query
   definition. Padding halo slots are masked; padding query slots repeat a real query of their
   block (no all-masked row) and their outputs are dropped.
 
-Keys and values are cut with two ``index_select`` (rows, then columns): about
+Queries, keys and values are cut with one ``index_select`` each (flat ids per block): about
 ``(hb_H·hb_W)/(b_H·b_W)`` copies of K and V instead of k². Global keys (prefix and learned
-tokens) join every block's scores, as in :func:`vitzoo.attention._gather.gathered_attention`.
+tokens) join every block's keys in front (:func:`vitzoo.attention._gather.with_global`); the blocks
+run through :func:`vitzoo.attention._gather.block_attention`.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from vitzoo.attention._gather import block_attention, global_ids, global_mask
 from vitzoo.attention._neighbourhood import axis_index
 from vitzoo.attention.base import Grid
 
@@ -133,9 +135,15 @@ class HaloGroup(nn.Module):
             rel = rel_h[:, None, :, None, :, None] * (2 * kernel - 1) + rel_w[None, :, None, :, None, :]
             rel = rel.reshape(mh * mw, bh * bw, -1)  # [m_H, m_W, b_H, b_W, hb_H, hb_W] -> [blocks, S, K]
         self.register_buffer("rel", rel, persistent=False)
-        for name, t in [("rows_q", rows_q), ("cols_q", cols_q), ("rows_k", rows_k.clamp(min=0)),
-                        ("cols_k", cols_k.clamp(min=0)), ("rows_inv", rows_inv), ("cols_inv", cols_inv)]:
-            self.register_buffer(name, t, persistent=False)
+        W = grid[1]
+        q_ids = rows_q[:, None, :, None] * W + cols_q[None, :, None, :]  # [m_H, m_W, b_H, b_W] raster ids
+        k_ids = rows_k.clamp(min=0)[:, None, :, None] * W + cols_k.clamp(min=0)[None, :, None, :]  # [m_H, m_W, hb_H, hb_W]
+        row_blk, row_slot = rows_inv // bh, rows_inv % bh  # [H] block row and slot row of each row's output
+        col_blk, col_slot = cols_inv // bw, cols_inv % bw  # [W]
+        out_ids = ((row_blk[:, None] * mw + col_blk[None, :]) * bh + row_slot[:, None]) * bw + col_slot[None, :]  # [H, W]
+        self.register_buffer("q_ids", q_ids.flatten(), persistent=False)  # [blocks·S]
+        self.register_buffer("k_ids", k_ids.flatten(), persistent=False)  # [blocks·K]
+        self.register_buffer("out_ids", out_ids.flatten(), persistent=False)  # [H·W] slot in blocks·S
 
     def query_slots(self) -> int:
         """Query slots of the blocked grid (real queries plus padding): ``blocks·S``."""
@@ -146,32 +154,18 @@ class HaloGroup(nn.Module):
         return self.mask.shape[2]
 
 
-def cut_blocks(x: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
-    """``x[B, h, H, W, d]`` cut at ``rows[m_H, r]`` × ``cols[m_W, c]`` -> ``[B, h, m_H·m_W, r·c, d]``."""
-    B, h, _, _, d = x.shape
-    (mh, r), (mw, c) = rows.shape, cols.shape
-    x = x.index_select(2, rows.flatten()).index_select(3, cols.flatten())  # [B, h, m_H·r, m_W·c, d]
-    x = x.view(B, h, mh, r, mw, c, d).permute(0, 1, 2, 4, 3, 5, 6)  # [B, h, m_H, m_W, r, c, d]
-    return x.reshape(B, h, mh * mw, r * c, d)
-
-
-def paste_blocks(o: Tensor, group: HaloGroup) -> Tensor:
-    """Block outputs ``[B, h, blocks, S, d]`` back to raster order ``[B, h, H·W, d]`` (padding dropped)."""
-    B, h, _, _, d = o.shape
-    (mh, bh), (mw, bw) = group.rows_q.shape, group.cols_q.shape
-    o = o.view(B, h, mh, mw, bh, bw, d).permute(0, 1, 2, 4, 3, 5, 6)  # [B, h, m_H, b_H, m_W, b_W, d]
-    o = o.reshape(B, h, mh * bh, mw * bw, d).index_select(2, group.rows_inv).index_select(3, group.cols_inv)
-    return o.flatten(2, 3)  # [B, h, H, W, d] -> [B, h, H·W, d]
-
-
-def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid, k_glob: Tensor, v_glob: Tensor,
+def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor,
                    scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None) -> Tensor:
     """Softmax attention of each query block over its halo (masked to each query's keys) plus the global keys.
+
+    Without a bias the blocks run as fused SDPA calls that backward recomputes
+    (:func:`~vitzoo.attention._gather.block_attention`: the cut keys/values and the probabilities
+    are not stored). With a bias (NAT's relative positions, which need a gradient) the scores are
+    written out (:func:`halo_scores`).
 
     Args:
         q, k, v: ``[B, h, H·W, d]`` grid queries, keys and values (raster order).
         group: the head group's :class:`HaloGroup`.
-        grid: (H, W).
         k_glob, v_glob: ``[B, h, G, d]`` keys/values every query attends to (G may be 0).
         scale: 1/√d.
         drop: dropout on the attention weights, or None.
@@ -180,16 +174,26 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid
     Returns:
         ``[B, h, H·W, d]``.
     """
-    B, h, _, d = q.shape
-    G = k_glob.shape[2]
-    q, k, v = (t.view(B, h, grid[0], grid[1], d) for t in (q, k, v))  # [B, h, H, W, d]
-    q_blk = cut_blocks(q, group.rows_q, group.cols_q)  # [B, h, blocks, S, d]
-    k_blk, v_blk = cut_blocks(k, group.rows_k, group.cols_k), cut_blocks(v, group.rows_k, group.cols_k)  # [.., K, d]
-    nb, S, K = group.mask.shape
-    scores = (q_blk @ k_blk.transpose(-1, -2)) * scale  # QKᵀ over the halo: [B, h, blocks, S, K]
     if bias is not None:
-        scores = scores + bias
-    scores = scores.masked_fill(~group.mask, float("-inf"))
+        return halo_scores(q, k, v, group, k_glob, v_glob, scale, drop, bias)
+    p_drop = drop.p if drop is not None and drop.training else 0.0
+    (nb, S, K), G = group.mask.shape, k_glob.shape[2]
+    out = block_attention(q, k, v, group.q_ids.view(nb, S),
+                          global_ids(group.k_ids.view(nb, K), G), global_mask(group.mask, G), scale, p_drop,
+                          *((k_glob, v_glob) if G else ()))
+    return out.index_select(2, group.out_ids)  # [B, h, blocks·S, d] -> raster order [B, h, H·W, d]
+
+
+def halo_scores(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor, scale: float,
+                drop: Optional[nn.Module], bias: Optional[Tensor]) -> Tensor:
+    """:func:`halo_attention` with the scores written out and an additive ``bias[h, blocks, S, K]`` (same arguments)."""
+    B, h, _, d = q.shape
+    (nb, S, K), G = group.mask.shape, k_glob.shape[2]
+    q_blk = q.index_select(2, group.q_ids).view(B, h, nb, S, d)  # [B, h, blocks, S, d]
+    k_blk = k.index_select(2, group.k_ids).view(B, h, nb, K, d)  # [B, h, blocks, K, d]
+    v_blk = v.index_select(2, group.k_ids).view(B, h, nb, K, d)
+    scores = (q_blk @ k_blk.transpose(-1, -2)) * scale  # QKᵀ over the halo: [B, h, blocks, S, K]
+    scores = (scores + bias if bias is not None else scores).masked_fill(~group.mask, float("-inf"))
     if G:
         q_flat = q_blk.reshape(B, h, nb * S, d)  # [B, h, blocks·S, d]
         scores_glob = (q_flat @ k_glob.transpose(-1, -2)) * scale  # QKᵀ over the global keys: [B, h, blocks·S, G]
@@ -200,7 +204,7 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, grid: Grid
     out = attn_halo @ v_blk  # AV over the halo: [B, h, blocks, S, d]
     if G:
         out = out + (attn_glob.reshape(B, h, nb * S, G) @ v_glob).view(B, h, nb, S, d)  # AV over the global keys
-    return paste_blocks(out, group)
+    return out.view(B, h, nb * S, d).index_select(2, group.out_ids)  # raster order: [B, h, H·W, d]
 
 
 def halo_flops(group: HaloGroup, num_global: int, head_dim: int) -> int:

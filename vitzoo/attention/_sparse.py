@@ -5,11 +5,12 @@ Used by ``local``, ``dilated`` (:mod:`vitzoo.attention.local`), ``global_tokens`
 buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplies:
 
 * Neighbourhood head groups (``local``, ``dilated``, ``global_tokens``, ``longformer``,
-  ``multi_pattern``'s local/dilated heads) run blocked (halo) attention
-  (:mod:`vitzoo.attention._halo`): b×b query blocks score their halo of K keys with dense matmuls
-  and an exact boolean mask, ``[B, h, blocks, S, G + K]``.
-* BigBird's grid queries come in Q blocks of S tokens that share one list of K key tokens,
-  gathered with ``index_select``: scores ``[B, h, Q, S, G + K]``. Never ``[B, h, N, N]``.
+  ``multi_pattern``'s local/dilated heads) run blocked (halo) attention (:mod:`vitzoo.attention._halo`):
+  b×b query blocks attend to their halo of K keys with an exact boolean mask. BigBird's Q blocks
+  of S queries share one list of K keys per head, gathered from the keys of every token. Both run
+  as fused SDPA calls over chunks of blocks (:func:`vitzoo.attention._gather.block_attention`),
+  whose backward gathers the blocks again (saved: block outputs and log-sum-exp, as for ``global``).
+  ``attention.impl=flex`` runs the same pattern through FlexAttention (:mod:`vitzoo.attention._flex`).
 * G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
   tokens and BigBird's global blocks.
 * Global queries (prefix tokens, tokens of BigBird's global blocks) attend to every key through
@@ -18,11 +19,10 @@ buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplie
   blocks already covered, halo slots outside a query's neighbourhood) are masked with ``-inf``
   before the softmax; they are still computed and counted in ``flops``.
 
-Learned global tokens (ETC's global memory) read the sequence in every layer: the host carries
-only ``P + H·W`` tokens from layer to layer, so each layer starts from its learned tokens t, whose
-queries attend to every token (g rows of length N); the state ``s = t + read`` then gives the
-keys and values (``2gC²`` per image) that every query attends to. The read's output itself is not
-carried on. The reference computes the same with dense attention and appends the states' keys and
+Learned global tokens (ETC's global memory) read the sequence in every layer (the host carries
+only ``P + H·W`` tokens between layers): the queries of the learned tokens t attend to every token
+(g rows of length N), and the state ``s = t + read`` gives the keys and values (``2gC²`` per image)
+every query attends to. The reference computes the same with dense attention and appends the states' keys and
 values as ordinary tokens to a dense masked attention.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import _flex
-from vitzoo.attention._gather import gather_tokens, gathered_attention, pad_grid
+from vitzoo.attention._gather import block_attention, global_mask
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -47,9 +47,10 @@ class HeadGroup(nn.Module):
 
     Args:
         heads: number of heads in the group.
-        keys: ``[Q, K]`` ids into the (padded) grid of each query group's keys; None: the group's
-            grid queries attend densely to every key (``multi_pattern``'s global heads).
-        valid: ``[Q, K]`` booleans (False: masked key), or None when all are valid.
+        keys: ``[Q, K]`` ids into the (padded) grid of each query group's keys, or ``[heads, Q, K]``
+            per head (BigBird's random blocks); None: the group's grid queries attend densely to
+            every key (``multi_pattern``'s global heads).
+        valid: booleans of the shape of ``keys`` (False: masked key), or None when all are valid.
     """
 
     def __init__(self, heads: int, keys: Optional[Tensor] = None, valid: Optional[Tensor] = None):
@@ -197,14 +198,13 @@ class SparsePatternAttention(QKVAttention):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
-                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, grid, k_glob[:, hs],
+                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, k_glob[:, hs],
                                            v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
                             .unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
-                outs.append(self.gathered(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], pat, group, k_glob[:, hs],
-                                          v_glob[:, hs]))
+                outs.append(self.gathered(q_grid[:, hs], k_all[:, hs], v_all[:, hs], pat, group))
         o_grid = torch.cat(outs, dim=1).flatten(2, 3)  # [B, h, Q·S, d]
         o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
         if pat.inverse is not None:
@@ -236,13 +236,24 @@ class SparsePatternAttention(QKVAttention):
         """Additive score of a grid pair for the flex path (as :meth:`grid_bias`); None: no bias."""
         return None
 
-    def gathered(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern, group: HeadGroup, k_glob: Tensor,
-                 v_glob: Tensor) -> Tensor:
-        """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]`` (see :func:`gathered_attention`)."""
-        k_pad, v_pad = pad_grid(k, pat.grid, pat.padded), pad_grid(v, pat.grid, pat.padded)  # [B, h, L', d]
-        q_groups = gather_tokens(pad_grid(q, pat.grid, pat.padded), pat.queries)  # [B, h, Q, S, d]
-        return gathered_attention(q_groups, k_pad, v_pad, group.keys, group.valid, k_glob, v_glob, self.scale,
-                                  self.attn_drop)
+    def gathered(self, q: Tensor, k_all: Tensor, v_all: Tensor, pat: SparsePattern, group: HeadGroup) -> Tensor:
+        """Grid ``q[B, h, L, d]`` of one gathered head group over ``k_all, v_all[B, h, F + L, d]`` (F = P + g
+        front keys, then the grid) -> ``[B, h, Q, S, d]``: each block's S queries over the F front keys, the
+        global grid tokens and its K keys (padding slots point at token 0, masked) in fused calls."""
+        (Q, S), (H, W), (Hp, Wp) = pat.group_shape(), pat.grid, pat.padded
+        front = k_all.shape[2] - H * W
+        pos = torch.arange(Hp * Wp, device=q.device)
+        real = (pos // Wp < H) & (pos % Wp < W)  # [L'] padded id is a grid token
+        raster = torch.where(real, (pos // Wp) * W + pos % Wp, 0)  # [L'] its raster id (0: padding)
+        glob_grid = pat.global_grid if pat.global_grid is not None else pos[:0]
+        glob = torch.cat([torch.arange(front, device=q.device), front + glob_grid])  # [G] every query's global keys
+        keys = front + raster[group.keys]  # [.., Q, K] ids into k_all
+        valid = group.valid if group.valid is not None else real[group.keys]
+        p_drop = self.attn_drop.p if self.training else 0.0
+        keys = torch.cat([glob.expand(*keys.shape[:-1], -1), keys], dim=-1)  # [.., Q, G + K]
+        mask = global_mask(valid.unsqueeze(-2), glob.numel())  # [.., Q, 1, G + K]
+        out = block_attention(q, k_all, v_all, raster[pat.queries], keys, mask, self.scale, p_drop)  # [B, h, Q·S, d]
+        return out.unflatten(2, (Q, S))
 
     def attend_flops(self, grid: Grid) -> int:
         """Analytic MACs of the pattern, for every ``attention.impl`` (FlexAttention skips fully masked
@@ -266,7 +277,7 @@ class SparsePatternAttention(QKVAttention):
                 flops += sdpa_flops(1, group.heads, Q * S, n_keys, d)
             else:
                 # QKᵀ and AV of Q·S queries over K gathered keys plus the global keys, per head
-                flops += 2 * group.heads * Q * S * (group.keys.shape[1] + n_glob) * d
+                flops += 2 * group.heads * Q * S * (group.keys.shape[-1] + n_glob) * d
         return flops
 
     def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:

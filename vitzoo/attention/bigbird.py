@@ -17,9 +17,10 @@ tokens are masked as keys and cropped). Each query block attends to
   used (on Swin's 4×4 stage the pattern is dense), as HF BigBird falls back to full attention.
   At a grid other than the construction grid the draw is redone with the same seed.
 
-Prefix tokens (ViT's class token) are global tokens too. Each head gathers its own keys (one
-head group per head); scores are ``[B, 1, blocks, b², b²·(w² + r)]`` per head plus the global
-keys; never ``[B, h, N, N]``.
+Prefix tokens (ViT's class token) are global tokens too. Each head gathers its own keys (its
+own random blocks) and all heads run together as fused SDPA calls over chunks of query blocks,
+``[B, h·blocks, b², G + P + b²·(w² + r)]`` (see :func:`vitzoo.attention._gather.block_attention`);
+never ``[B, h, N, N]``.
 """
 from __future__ import annotations
 
@@ -139,13 +140,12 @@ class BigBirdAttention(SparsePatternAttention):
         sparse = (~is_global).nonzero().flatten()  # [Q] non-global query blocks
         tokens = block_tokens(grid, b)  # [nb, b²]
         real = ((torch.arange(Hp)[:, None] < H) & (torch.arange(Wp)[None, :] < W)).flatten()  # [L']
-        groups = []
-        for rand in self.random_at(grid):  # one head group per head: [nb, r]
-            slots = torch.cat([window, rand], dim=1)  # [nb, T] attended block ids
-            slot_ok = (slots >= 0) & ~is_global[slots.clamp(min=0)]  # global blocks are attended as global keys
-            keys = tokens[slots[sparse].clamp(min=0)].flatten(1)  # [Q, T, b²] -> [Q, T·b²]
-            valid = slot_ok[sparse].repeat_interleave(b * b, dim=1) & real[keys]  # [Q, T·b²]
-            groups.append(HeadGroup(1, keys, valid))
+        rand = self.random_at(grid)  # [h, nb, r]
+        slots = torch.cat([window.expand(rand.shape[0], -1, -1), rand], dim=2)  # [h, nb, T] attended block ids
+        slot_ok = (slots >= 0) & ~is_global[slots.clamp(min=0)]  # global blocks are attended as global keys
+        keys = tokens[slots[:, sparse].clamp(min=0)].flatten(2)  # [h, Q, T, b²] -> [h, Q, T·b²]
+        valid = slot_ok[:, sparse].repeat_interleave(b * b, dim=2) & real[keys]  # [h, Q, T·b²]
+        groups = [HeadGroup(self.num_heads, keys, valid)]  # one group, each head with its own random blocks
         glob_ids = tokens[is_global].flatten()
         glob_ids = glob_ids[real[glob_ids]]
         global_grid = (glob_ids // Wp) * W + glob_ids % Wp  # [G] raster ids in the unpadded grid
