@@ -13,9 +13,9 @@ Kernels", arXiv 2024, https://arxiv.org/abs/2412.05496 (``torch.nn.attention.fle
   for prefix queries and for prefix and learned keys, and asks the backend's small lookup tables
   for grid pairs (per-axis ``[h, H, H]``/``[h, W, W]`` tables of neighbourhoods, per-head block
   tables ``[h, n_b, n_b]`` of BigBird). No dense N×N tensor is built on the forward path; the
-  ``BlockMask`` is built once per (grid, device) and cached (``create_block_mask`` evaluates
-  ``mask_mod`` over all ``[h, Nq, Nk]`` pairs that one time). ``local``'s relative position bias
-  is a ``score_mod`` reading the learned table through per-axis offset tables;
+  ``BlockMask`` is built once per (grid, device) and cached (on CUDA by a compiled kernel, block
+  by block; eager on CPU evaluates ``mask_mod`` over all ``[h, Nq, Nk]`` pairs that one time).
+  ``local``'s relative position bias is a ``score_mod`` reading the learned table through per-axis offset tables;
 * ``auto`` (default): ``flex`` on CUDA, ``blocked`` elsewhere; also ``blocked`` while training
   with attention dropout, which FlexAttention does not have.
 
@@ -180,8 +180,12 @@ def forget(module: nn.Module) -> None:
 
 
 def block_mask(mask_mod: Callable, heads: int, q_len: int, kv_len: int, device: Any) -> BlockMask:
-    """``create_block_mask`` over ``heads`` heads (broadcast over the batch), ``q_len`` × ``kv_len`` tokens."""
-    return create_block_mask(mask_mod, None, heads, q_len, kv_len, device=str(torch.device(device)))
+    """``create_block_mask`` over ``heads`` heads (broadcast over the batch), ``q_len`` × ``kv_len`` tokens.
+
+    On CUDA the mask is built by a compiled kernel block by block (``_compile``), never as a dense
+    ``[h, Nq, Nk]`` tensor; eager (CPU, the forward-only check) evaluates every pair once."""
+    device = torch.device(device)
+    return create_block_mask(mask_mod, None, heads, q_len, kv_len, device=str(device), _compile=device.type == "cuda")
 
 
 def compiled_flex() -> Callable:

@@ -121,6 +121,15 @@ def _prepare(kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype) ->
     return xt, None, None
 
 
+def _input_grad(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Optional[Tensor], half: Optional[Tensor],
+                unit: Optional[Tensor], norm: Optional[Tensor], scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+    """``∂L/∂x`` ``[b, n, h, d]`` (token-major, as stored in ``∂L/∂qkv``) and ``∂L/∂s`` of queries or keys
+    from ``∂L/∂φ``: :func:`_features_backward` then :func:`_prepare_backward`."""
+    grad_x = _features_backward(kind, grad_phi, phi, x, omega, half)
+    grad_x, grad_scale = _prepare_backward(kind, grad_x, unit, norm, scale)
+    return grad_x.transpose(1, 2), grad_scale
+
+
 def _prepare_backward(kind: str, grad: Tensor, unit: Optional[Tensor], norm: Optional[Tensor],
                       scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
     """``∂L/∂x`` of :func:`_prepare` from ``∂L/∂x̃`` (overwritten), and ``∂L/∂s`` ``[h, 1, d]`` for ``"fourier"``."""
@@ -182,10 +191,8 @@ class KernelAttention(torch.autograd.Function):
                     g_kvz = g if g_kvz is None else g_kvz.add_(g)
                     # ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (exp; O(n·d))
                     half = -(grad_qkvz * qkvz_c).sum(dim=-1, keepdim=True) if kind == "exp" else None
-                    grad_x = _features_backward(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half)
-                    del phi_q
-                    grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
-                    g5[b, r, 0, j] = grad_x.transpose(1, 2)
+                    g5[b, r, 0, j], gs = _input_grad(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half,
+                                                     unit, norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
                 if factor != 1.0:
@@ -197,10 +204,8 @@ class KernelAttention(torch.autograd.Function):
                     t = phi_k @ g_kvz  # [b, h, n, d+1]: ∂L/∂V, and the row sums of ∂L/∂φ(k)·φ(k) below
                     g5[b, r, 2, j] = t[..., :d].transpose(1, 2)
                     half = -(v1 * t).sum(dim=-1, keepdim=True) if kind == "exp" else None
-                    grad_x = _features_backward(kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half)
-                    del phi_k
-                    grad_x, gs = _prepare_backward(kind, grad_x, unit, norm, s)
-                    g5[b, r, 1, j] = grad_x.transpose(1, 2)
+                    g5[b, r, 1, j], gs = _input_grad(kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half, unit,
+                                                     norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
         if grad_scale is not None:
