@@ -47,7 +47,7 @@ class _Setup:
         a = torch.randn(256, 256, device=self.device)
         (a @ a).sum().item()
         del a
-        self.memory = PeakMemory(self.device)
+        self.memory = PeakMemory(self.device, live=True)
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
@@ -129,10 +129,13 @@ def _params(module: nn.Module) -> int:
 
 
 def _timed_phase(row: Row, setup: _Setup, fn: Callable[[], Any], batch: int, key: str) -> Timing:
-    """Time ``fn`` with peak memory; record ``<key>_peak_mb`` and ``<key>_img_s`` (median, min, max)."""
+    """Peak memory of two untimed calls of ``fn``, then its timing; record ``<key>_peak_mb`` and
+    ``<key>_img_s`` (median, min, max)."""
     setup.memory.start()
-    t = time_fns({"m": fn}, setup.device, **setup.timing)["m"]
+    for _ in range(2):
+        fn()
     row[f"{key}_peak_mb"] = setup.memory.peak_mb()
+    t = time_fns({"m": fn}, setup.device, **setup.timing)["m"]
     row[f"{key}_img_s"], row[f"{key}_img_s_min"], row[f"{key}_img_s_max"] = t.rate(batch)
     return t
 

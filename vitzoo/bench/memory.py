@@ -1,6 +1,8 @@
 """Peak memory of a benchmark phase, the CPU worker's memory cap, and out-of-memory detection."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 import sys
 from pathlib import Path
@@ -27,6 +29,41 @@ def _maxrss_kb() -> int:
     return rss // 1024 if sys.platform == "darwin" else rss  # bytes on macOS, KiB on Linux
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+# glibc's dynamic mmap threshold at its ceiling (32 MiB on 64-bit) and the trim threshold it then uses
+_STEADY_MMAP, _STEADY_TRIM = 32 * 2 ** 20, 64 * 2 ** 20
+_LIVE_MMAP = 128 * 2 ** 10  # glibc's initial threshold: every tensor-sized block gets its own mapping
+
+
+def _glibc() -> Optional[ctypes.CDLL]:
+    """The C library when it is glibc (it has ``mallopt`` and ``malloc_trim``), else None."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def _malloc_live(live: bool) -> bool:
+    """Make resident memory follow live memory (``live``) or restore glibc's steady-state caching.
+
+    Live: blocks of 128 KiB and more are mapped on their own and unmapped when freed, and the free heap
+    is returned to the OS now, so the RSS peak is the peak of live tensors (as CUDA's
+    ``max_memory_allocated``) rather than of what malloc happened to keep. Steady: the thresholds glibc's
+    dynamic tuning reaches after the first large frees, so timed steps do not pay page faults.
+    Returns False where the C library is not glibc.
+    """
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.mallopt(_M_MMAP_THRESHOLD, _LIVE_MMAP if live else _STEADY_MMAP)
+    libc.mallopt(_M_TRIM_THRESHOLD, 0 if live else _STEADY_TRIM)
+    if live:
+        libc.malloc_trim(0)
+    return True
+
+
 def _can_reset_hwm() -> bool:
     """Reset ``VmHWM`` to the current resident size (Linux); ``False`` where that is not possible."""
     try:
@@ -43,13 +80,19 @@ class PeakMemory:
     CUDA: ``max_memory_allocated`` (reset at :meth:`start`). CPU on Linux: ``VmHWM`` reset through
     ``/proc/self/clear_refs`` at :meth:`start`, baseline ``VmRSS``. Elsewhere: ``ru_maxrss``.
 
+    With ``live`` (benchmark workers) on glibc, :meth:`start` also makes the resident size follow live
+    memory until :meth:`peak_mb` (see :func:`_malloc_live`): the phase then measures what the tensors need,
+    not what malloc kept; allocations cost page faults meanwhile, so time nothing inside such a phase.
+
     Args:
         device: the torch device the phase runs on.
+        live: CPU only: measure live memory (untimed phases) rather than the allocator's footprint.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, live: bool = False):
         self.device = device
         self.cuda = device.type == "cuda"
+        self.live = live and not self.cuda and _glibc() is not None
         if self.cuda:
             torch.cuda.synchronize(device)
             self.base_kb = torch.cuda.memory_allocated(device) // 1024
@@ -58,7 +101,8 @@ class PeakMemory:
             self.hwm = _can_reset_hwm()
             self.base_kb = _proc_status_kb("VmRSS") if self.hwm else _maxrss_kb()
             self.method = ("VmHWM (reset per phase) - baseline VmRSS" if self.hwm
-                           else "ru_maxrss (process peak) - baseline")
+                           else "ru_maxrss (process peak) - baseline") + (", live (glibc mmap threshold 128 KiB)"
+                                                                          if self.live else "")
 
     @staticmethod
     def describe(device: str) -> str:
@@ -66,15 +110,20 @@ class PeakMemory:
         if device == "cuda":
             return ("torch.cuda.max_memory_allocated during the phase minus memory allocated before the model "
                     "was built (one process per configuration)")
+        live = (" over two untimed steps with glibc's mmap threshold at 128 KiB and its free heap trimmed, so "
+                "freed tensors leave the resident set: parameters + gradients + optimizer state + live activations"
+                if _glibc() is not None else ": parameters + gradients + optimizer state + activations + "
+                "allocator cache")
         if _can_reset_hwm():
             return ("peak resident set size (VmHWM, reset via /proc/self/clear_refs before each phase) minus the "
-                    "resident size after imports, before the model was built (one process per configuration): "
-                    "parameters + gradients + optimizer state + activations + allocator cache")
+                    "resident size after imports, before the model was built (one process per configuration)" + live)
         return ("ru_maxrss (process-lifetime peak RSS) minus the RSS before the model was built "
                 "(one process per configuration)")
 
     def start(self) -> None:
-        """Begin a phase: reset the peak."""
+        """Begin a phase: reset the peak (and, with ``live``, switch malloc to live mode)."""
+        if self.live:
+            _malloc_live(True)
         if self.cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -82,12 +131,14 @@ class PeakMemory:
             _can_reset_hwm()
 
     def peak_mb(self) -> float:
-        """MiB of the phase's peak over the baseline (never negative)."""
+        """MiB of the phase's peak over the baseline (never negative); ends a ``live`` phase."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device) // 1024
         else:
             peak = _proc_status_kb("VmHWM") if self.hwm else _maxrss_kb()
+        if self.live:
+            _malloc_live(False)
         return max(0, peak - self.base_kb) / 1024
 
 
