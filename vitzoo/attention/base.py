@@ -173,7 +173,9 @@ class TokenMixer(nn.Module):
         """
         B, N, _ = t.shape
         t = t.reshape(B, N, parts, self.num_heads, self.head_dim)  # [B, N, parts, h, d]
-        return t.permute(2, 0, 3, 1, 4).unbind(0)  # parts x [B, h, N, d]
+        # unbind the parts axis in place (not after moving it first): its backward then stacks the head
+        # gradients straight into t's contiguous layout, one copy instead of a stack plus a permuted copy
+        return tuple(p.transpose(1, 2) for p in t.unbind(2))  # parts x [B, h, N, d]
 
     def merge_heads(self, o: Tensor) -> Tensor:
         """``o[B, h, N, d] -> [B, N, C]`` followed by the output projection ``proj`` and ``proj_drop``.
