@@ -26,6 +26,12 @@ def global_mask(mask: Tensor, num_global: int) -> Tensor:
     return torch.cat([mask.new_ones(*mask.shape[:-1], num_global), mask], dim=-1) if num_global else mask
 
 
+def select_rows(x: Tensor, ids: Tensor) -> Tensor:
+    """Rows ``ids[L]`` of ``x[B, c, M, d]``: ``[B, c, L, d]``, a view of a token-major ``[B, L, c, d]`` buffer
+    (merging the heads afterwards, ``[B, L, c·d]``, needs no copy)."""
+    return x.transpose(1, 2).index_select(1, ids).transpose(1, 2)
+
+
 # Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4,
 # 1 MB in float32), so
 # that the blocks gathered again in backward and their gradients stay small and in cache (all
@@ -78,10 +84,25 @@ def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _flat_ids(ids: Tensor, part: slice, length: int) -> Tensor:
-    """Per-head ids ``[c, n, X]`` of blocks ``part`` into tokens flattened over heads (``c·length``)."""
-    offset = torch.arange(ids.shape[0], device=ids.device)[:, None, None] * length
-    return (ids[:, part] + offset).flatten()
+def _flat_ids(ids: Tensor, part: slice, head_rows: int, token_rows: int = 1) -> Tensor:
+    """Per-head ids ``[c, n, X]`` of blocks ``part`` as rows ``i·head_rows + id·token_rows`` of a flat row view."""
+    offset = torch.arange(ids.shape[0], device=ids.device)[:, None, None] * head_rows
+    return (ids[:, part] * token_rows + offset).flatten()
+
+
+def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
+    """``t[B, c, L, d]`` as rows of d elements ``[R, d]`` and the row steps of an image, a head and a token.
+
+    A view of ``t``'s storage where the strides allow it (the q/k/v views of a fused projection: no
+    copy of the whole tensor per call), a contiguous copy otherwise or where ``t`` needs a gradient
+    through this view.
+    """
+    d = t.shape[-1]
+    if t.stride(-1) != 1 or any(s % d for s in t.stride()[:3]) or (torch.is_grad_enabled() and t.requires_grad):
+        t = t.contiguous()
+    s_b, s_c, s_l = (s // d for s in t.stride()[:3])
+    rows = sum((n - 1) * s for n, s in zip(t.shape[:3], (s_b, s_c, s_l))) + 1
+    return t.as_strided((rows, d), (d, 1)), s_b, s_c, s_l
 
 
 def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
@@ -90,8 +111,10 @@ def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
     m = part.stop - part.start
     if ids.dim() == 2:
         return t.index_select(2, ids[part].flatten()).view(B, c * m, -1, d)
-    heads = torch.arange(c, device=ids.device)[:, None]  # [c, 1]
-    return t[:, heads, ids[:, part].flatten(1)].view(B, c * m, -1, d)  # no copy of a strided t (qkv views)
+    rows, s_b, s_c, s_l = _token_rows(t)
+    flat = _flat_ids(ids, part, s_c, s_l)  # [c·m·X] rows of image 0
+    flat = (torch.arange(B, device=ids.device)[:, None] * s_b + flat).flatten()  # [B·c·m·X]
+    return rows.index_select(0, flat).view(B, c * m, -1, d)
 
 
 def _select_keys(t: Tensor, t_glob: Optional[Tensor], ids: Tensor, part: slice) -> Tensor:
@@ -148,7 +171,7 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
                                              scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
-    return out if out_ids is None else out.index_select(2, out_ids)
+    return out if out_ids is None else select_rows(out, out_ids)
 
 
 class _BlockSDPA(torch.autograd.Function):
@@ -173,7 +196,7 @@ class _BlockSDPA(torch.autograd.Function):
             lse[:, :, part] = l.view(B, c, m, S)
         out = out.view(B, c, n * S, d)
         if out_ids is not None:
-            out = out.index_select(2, out_ids)  # [B, c, L_out, d]
+            out = select_rows(out, out_ids)  # [B, c, L_out, d]
         ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, bias, out_ids, out, lse)
         ctx.scale = scale
         return out

@@ -36,7 +36,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import _flex
-from vitzoo.attention._gather import block_attention, global_mask
+from vitzoo.attention._gather import block_attention, global_mask, select_rows
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -192,8 +192,8 @@ class SparsePatternAttention(QKVAttention):
             q_glob = torch.cat([q_pre, q_grid[:, :, gg]], dim=2)  # [B, h, P + G_grid, d]
             k_glob = torch.cat([k_glob, k_grid[:, :, gg]], dim=2)  # [B, h, P + g + G_grid, d]
             v_glob = torch.cat([v_glob, v_grid[:, :, gg]], dim=2)
-        dense = any(isinstance(group, HeadGroup) and group.keys is None for group in pat.groups)
-        k_all, v_all = (self.every_key(k, k_mem), self.every_key(v, v_mem)) if q_glob.shape[2] or dense else (k, v)
+        halo = all(isinstance(group, HaloGroup) for group in pat.groups)  # halo groups take k_glob, not k_all
+        k_all, v_all = (k, v) if halo and not q_glob.shape[2] else (self.every_key(k, k_mem), self.every_key(v, v_mem))
         # global queries attend to every key: P + G_grid rows
         o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
         outs, h0 = [], 0
@@ -207,12 +207,11 @@ class SparsePatternAttention(QKVAttention):
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
             else:
-                outs.append(self.gathered(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], k_glob[:, hs], v_glob[:, hs],
-                                          pat, group))
+                outs.append(self.gathered(q_grid[:, hs], k_all[:, hs], v_all[:, hs], pat, group))
         o_grid = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).flatten(2, 3)  # [B, h, Q·S, d]
         o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
         if pat.inverse is not None:
-            o_grid = torch.cat([o_grid, o_gg], dim=2).index_select(2, pat.inverse)  # [B, h, L, d] raster order
+            o_grid = select_rows(torch.cat([o_grid, o_gg], dim=2), pat.inverse)  # [B, h, L, d] raster order
         return torch.cat([o_pre, o_grid], dim=2) if P else o_grid
 
     def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
@@ -237,20 +236,23 @@ class SparsePatternAttention(QKVAttention):
         """Additive score of a grid pair for the flex path (as :meth:`grid_bias`); None: no bias."""
         return None
 
-    def gathered(self, q: Tensor, k: Tensor, v: Tensor, k_glob: Tensor, v_glob: Tensor, pat: SparsePattern,
-                 group: HeadGroup) -> Tensor:
-        """Grid ``q, k, v[B, h, L, d]`` of one gathered head group -> ``[B, h, Q, S, d]``: each block's S queries
-        over the G global keys ``k_glob, v_glob[B, h, G, d]`` (front and global grid tokens) and its K keys
-        (padding slots point at token 0, masked) in fused calls."""
+    def gathered(self, q: Tensor, k_all: Tensor, v_all: Tensor, pat: SparsePattern, group: HeadGroup) -> Tensor:
+        """Grid ``q[B, h, L, d]`` of one gathered head group over ``k_all, v_all[B, h, F + L, d]`` (F = P + g
+        front keys, then the grid) -> ``[B, h, Q, S, d]``: each block's S queries over the F front keys, the
+        global grid tokens and its K keys (padding slots point at token 0, masked) in fused calls."""
         (Q, S), (H, W), (Hp, Wp) = pat.group_shape(), pat.grid, pat.padded
+        front = k_all.shape[2] - H * W
         pos = torch.arange(Hp * Wp, device=q.device)
         real = (pos // Wp < H) & (pos % Wp < W)  # [L'] padded id is a grid token
         raster = torch.where(real, (pos // Wp) * W + pos % Wp, 0)  # [L'] its raster id (0: padding)
+        glob_grid = pat.global_grid if pat.global_grid is not None else pos[:0]
+        glob = torch.cat([torch.arange(front, device=q.device), front + glob_grid])  # [G] every query's global keys
+        keys = front + raster[group.keys]  # [.., Q, K] ids into k_all
         valid = group.valid if group.valid is not None else real[group.keys]
-        mask = global_mask(valid.unsqueeze(-2), k_glob.shape[2])  # [.., Q, 1, G + K]
         p_drop = self.attn_drop.p if self.training else 0.0
-        out = block_attention(q, k, v, raster[pat.queries], raster[group.keys], mask, self.scale, p_drop,
-                              k_glob, v_glob)  # [B, h, Q·S, d]
+        keys = torch.cat([glob.expand(*keys.shape[:-1], -1), keys], dim=-1)  # [.., Q, G + K]
+        mask = global_mask(valid.unsqueeze(-2), glob.numel())  # [.., Q, 1, G + K]
+        out = block_attention(q, k_all, v_all, raster[pat.queries], keys, mask, self.scale, p_drop)  # [B, h, Q·S, d]
         return out.unflatten(2, (Q, S))
 
     def attend_flops(self, grid: Grid) -> int:
