@@ -196,18 +196,19 @@ class SparsePatternAttention(QKVAttention):
         k_all, v_all = (k, v) if halo and not q_glob.shape[2] else (self.every_key(k, k_mem), self.every_key(v, v_mem))
         # global queries attend to every key: P + G_grid rows
         o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
+        sizes = [group.heads for group in pat.groups]
+        parts = zip(*(head_parts(t, sizes) for t in (q_grid, k_grid, v_grid, k_glob, v_glob, k_all, v_all)))
         outs, h0 = [], 0
-        for group in pat.groups:
+        for group, (q_g, k_g, v_g, kg_g, vg_g, ka_g, va_g) in zip(pat.groups, parts):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
-                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, k_glob[:, hs],
-                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
-                            .unsqueeze(3))
+                outs.append(halo_attention(q_g, k_g, v_g, group, kg_g, vg_g, self.scale, self.attn_drop,
+                                           self.halo_bias(group, hs)).unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
-                outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
+                outs.append(sdpa(q_g, ka_g, va_g, dropout_p=p_drop).unsqueeze(3))
             else:
-                outs.append(self.gathered(q_grid[:, hs], k_all[:, hs], v_all[:, hs], pat, group))
+                outs.append(self.gathered(q_g, ka_g, va_g, pat, group))
         o_grid = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).flatten(2, 3)  # [B, h, Q·S, d]
         o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
         if pat.inverse is not None:
@@ -387,6 +388,12 @@ class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
 def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood, offsets: bool = False) -> HaloGroup:
     """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid`` (``offsets``: see :class:`HaloGroup`)."""
     return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border, offsets)
+
+
+def head_parts(t: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
+    """``t[B, h, .., d]`` cut into head groups of ``sizes`` with one split (its backward joins the groups'
+    gradients in one tensor, where slicing would pad each to all h heads); ``(t,)`` for one group."""
+    return t.split(sizes, dim=1) if len(sizes) > 1 else (t,)
 
 
 def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
