@@ -187,3 +187,27 @@ def test_gradients_match_reference(name, grid, prefix, path, monkeypatch):
     for a, b in zip(fast, ref):
         if b is not None:
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_block_attention_gradcheck(per_head, monkeypatch):
+    """The block Function (CPU flash kernel, two blocks per call) in float64: global keys joined per chunk,
+    output rows picked by ``out_ids`` (one slot dropped), shared or per-head key ids, q/k/v as strided
+    views of one fused projection output."""
+    monkeypatch.setattr(_gather, "GATHER_ELEMS", 2 * 2 * 3 * 4)  # 2 blocks of 3 keys for 2 heads of d = 4
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 7, 3, 2, 4, dtype=torch.float64, requires_grad=True)  # [B, L, 3, c, d]
+    glob = torch.randn(2, 2, 1, 4, dtype=torch.float64, requires_grad=True)  # [B, c, G, d]
+    q_ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 6]])  # [n, S]: the last slot repeats query 6
+    k_ids = torch.tensor([[0, 1, 2], [1, 2, 3], [3, 4, 5], [4, 5, 6]])  # [n, K]
+    if per_head:
+        k_ids = torch.stack([k_ids, k_ids.flip(-1)])  # [c, n, K]
+    mask = torch.rand(*k_ids.shape[:-1], 2, 4) > 0.3  # [.., n, S, G + K]
+    mask[..., 0] = True  # no all-False row
+    out_ids = torch.arange(7)  # slots 0..6 fill the rows; slot 7 is dropped
+
+    def fn(qkv, glob):
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, c, L, d] views
+        return _gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.5, 0.0, glob, glob * 2, out_ids)
+
+    assert torch.autograd.gradcheck(fn, (qkv, glob))

@@ -21,25 +21,15 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 
-def with_global(x: Tensor, x_glob: Tensor) -> Tensor:
-    """``cat([x_glob[B, h, G, d], x[B, h, L, d]])`` along tokens: global ids 0..G-1, token t at G + t."""
-    return torch.cat([x_glob, x], dim=2) if x_glob.shape[2] else x
-
-
-def _joined(x: Tensor, x_glob: Optional[Tensor]) -> Tensor:
-    """:func:`with_global` when there are global keys, ``x`` otherwise."""
-    return x if x_glob is None else with_global(x, x_glob)
-
-
-def global_ids(keys: Tensor, num_global: int) -> Tensor:
-    """Per-block key ids ``keys[.., n, K]`` into a :func:`with_global` source: ``[.., n, G + K]`` (globals first)."""
-    glob = torch.arange(num_global, device=keys.device).expand(*keys.shape[:-1], -1)  # [.., n, G]
-    return torch.cat([glob, keys + num_global], dim=-1)
-
-
 def global_mask(mask: Tensor, num_global: int) -> Tensor:
     """Boolean ``mask[.., n, S or 1, K]`` with G always-visible global keys in front: ``[.., n, S or 1, G + K]``."""
     return torch.cat([mask.new_ones(*mask.shape[:-1], num_global), mask], dim=-1) if num_global else mask
+
+
+def select_rows(x: Tensor, ids: Tensor) -> Tensor:
+    """Rows ``ids[L]`` of ``x[B, c, M, d]``: ``[B, c, L, d]``, a view of a token-major ``[B, L, c, d]`` buffer
+    (merging the heads afterwards, ``[B, L, c·d]``, needs no copy)."""
+    return x.transpose(1, 2).index_select(1, ids).transpose(1, 2)
 
 
 # Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4,
@@ -51,36 +41,40 @@ GATHER_ELEMS = 1 << 16
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
-                    p_drop: float = 0.0, k_glob: Optional[Tensor] = None, v_glob: Optional[Tensor] = None) -> Tensor:
-    """Blocks of S queries, each over its own gathered keys: fused SDPA, recomputed in backward.
+                    p_drop: float = 0.0, k_glob: Optional[Tensor] = None, v_glob: Optional[Tensor] = None,
+                    out_ids: Optional[Tensor] = None) -> Tensor:
+    """Blocks of S queries, each over the global keys and its own gathered keys: fused SDPA, recomputed in backward.
 
-    Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values ``k[..., k_ids[i], :]``. The
-    blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements per image, one SDPA call each. For
-    training on the CPU without dropout or autocast, backward gathers the chunk's blocks again and runs the
-    flash kernel's backward from the saved output and log-sum-exp (:class:`_BlockSDPA`): neither
-    the gathered keys/values nor the probabilities are stored. Elsewhere with a gradient each call
-    is checkpointed (recomputed in backward).
+    Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
+    ``k[..., k_ids[i], :]``. The blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements
+    per image, one SDPA call each. For training on the CPU without dropout or autocast, backward gathers
+    the chunk's blocks again and runs the flash kernel's backward from the saved output and log-sum-exp
+    (:class:`_BlockSDPA`): neither the gathered keys/values nor the probabilities are stored. Elsewhere
+    with a gradient each call is checkpointed (recomputed in backward).
 
     Args:
         q: ``[B, c, L_q, d]`` queries of c heads that share the blocks.
         k, v: ``[B, c, L_k, d]`` keys/values.
         q_ids: ``[n, S]`` query ids of each block.
         k_ids: ``[n, K]`` key ids of each block, or ``[c, n, K]``: per head (BigBird's random blocks).
-        mask: ``[n, S or 1, K]`` booleans (no all-False row), or ``[c, n, S or 1, K]`` per head.
+        mask: ``[n, S or 1, G + K]`` booleans (no all-False row), or ``[c, n, S or 1, G + K]`` per head.
         scale: 1/√d.
         p_drop: dropout on the attention weights.
-        k_glob, v_glob: ``[B, c, G, d]`` keys/values placed in front of ``k``/``v`` (:func:`with_global`;
-            the ids count them), joined inside so that the joined copy is not saved; None: none.
+        k_glob, v_glob: ``[B, c, G, d]`` keys/values every block sees in front of its own (joined per
+            chunk, so that no joined copy of ``k``/``v`` exists); None: none.
+        out_ids: ``[L_out]`` block slot (in ``n·S``) of each output row (outputs of other slots are
+            dropped and get no gradient); None: every slot in block order.
 
     Returns:
-        ``[B, c, n·S, d]`` in block order.
+        ``[B, c, L_out, d]``, or ``[B, c, n·S, d]`` in block order.
     """
     if torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v)):
         same = all(t is None or t.dtype == q.dtype for t in (k, v, k_glob, v_glob))
         if q.device.type == "cpu" and p_drop == 0.0 and same and not torch.is_autocast_enabled("cpu"):
-            return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale)
-        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale, p_drop, use_reentrant=False)
-    return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, scale, p_drop)
+            return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
+        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
+                          use_reentrant=False)
+    return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
 
 def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
@@ -90,10 +84,25 @@ def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _flat_ids(ids: Tensor, part: slice, length: int) -> Tensor:
-    """Per-head ids ``[c, n, X]`` of blocks ``part`` into tokens flattened over heads (``c·length``)."""
-    offset = torch.arange(ids.shape[0], device=ids.device)[:, None, None] * length
-    return (ids[:, part] + offset).flatten()
+def _flat_ids(ids: Tensor, part: slice, head_rows: int, token_rows: int = 1) -> Tensor:
+    """Per-head ids ``[c, n, X]`` of blocks ``part`` as rows ``i·head_rows + id·token_rows`` of a flat row view."""
+    offset = torch.arange(ids.shape[0], device=ids.device)[:, None, None] * head_rows
+    return (ids[:, part] * token_rows + offset).flatten()
+
+
+def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
+    """``t[B, c, L, d]`` as rows of d elements ``[R, d]`` and the row steps of an image, a head and a token.
+
+    A view of ``t``'s storage where the strides allow it (the q/k/v views of a fused projection: no
+    copy of the whole tensor per call), a contiguous copy otherwise or where ``t`` needs a gradient
+    through this view.
+    """
+    d = t.shape[-1]
+    if t.stride(-1) != 1 or any(s % d for s in t.stride()[:3]) or (torch.is_grad_enabled() and t.requires_grad):
+        t = t.contiguous()
+    s_b, s_c, s_l = (s // d for s in t.stride()[:3])
+    rows = sum((n - 1) * s for n, s in zip(t.shape[:3], (s_b, s_c, s_l))) + 1
+    return t.as_strided((rows, d), (d, 1)), s_b, s_c, s_l
 
 
 def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
@@ -102,7 +111,20 @@ def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
     m = part.stop - part.start
     if ids.dim() == 2:
         return t.index_select(2, ids[part].flatten()).view(B, c * m, -1, d)
-    return t.reshape(B, c * L, d).index_select(1, _flat_ids(ids, part, L)).view(B, c * m, -1, d)
+    rows, s_b, s_c, s_l = _token_rows(t)
+    flat = _flat_ids(ids, part, s_c, s_l)  # [c·m·X] rows of image 0
+    flat = (torch.arange(B, device=ids.device)[:, None] * s_b + flat).flatten()  # [B·c·m·X]
+    return rows.index_select(0, flat).view(B, c * m, -1, d)
+
+
+def _select_keys(t: Tensor, t_glob: Optional[Tensor], ids: Tensor, part: slice) -> Tensor:
+    """:func:`_select` of blocks ``part`` with the global ``t_glob[B, c, G, d]`` in front: ``[B, c·m, G + X, d]``."""
+    sel = _select(t, ids, part)
+    if t_glob is None or not t_glob.shape[2]:
+        return sel
+    B, c, G, d = t_glob.shape
+    glob = t_glob[:, :, None].expand(B, c, part.stop - part.start, G, d).reshape(B, -1, G, d)  # [B, c·m, G, d]
+    return torch.cat([glob, sel], dim=2)
 
 
 def _add_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
@@ -114,6 +136,23 @@ def _add_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
         dst.view(B, c * L, d).index_add_(1, _flat_ids(ids, part, L), grad.reshape(B, -1, d))
 
 
+def _add_keys_back(dst: Tensor, dst_glob: Optional[Tensor], ids: Tensor, part: slice, grad: Tensor) -> None:
+    """:func:`_add_back` of key gradients ``grad[B, c·m, G + X, d]``: the first G summed over blocks into ``dst_glob``."""
+    if dst_glob is None:
+        _add_back(dst, ids, part, grad)
+        return
+    B, c, G, d = dst_glob.shape
+    dst_glob += grad[:, :, :G].reshape(B, c, -1, G, d).sum(2)
+    _add_back(dst, ids, part, grad[:, :, G:])
+
+
+def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
+    """For each of ``slots`` block slots: the output row it fills (0 where none) and whether it fills one."""
+    rows = torch.full((slots,), -1, dtype=torch.long, device=out_ids.device)
+    rows[out_ids] = torch.arange(out_ids.numel(), device=out_ids.device)
+    return rows.clamp(min=0), rows >= 0
+
+
 def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
     """Blocks ``part`` of ``mask`` (``[n, S or 1, K]`` shared or ``[c, n, S or 1, K]``) for c heads: ``[1, c·m, S or 1, K]``."""
     mask = mask[part].expand(c, -1, -1, -1) if mask.dim() == 3 else mask[:, part]
@@ -121,60 +160,69 @@ def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
 
 
 def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
-                k_ids: Tensor, mask: Tensor, scale: float, p_drop: float) -> Tensor:
-    """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, n·S, d]``."""
+                k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float, p_drop: float) -> Tensor:
+    """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``."""
     B, c, _, d = q.shape
-    k, v = _joined(k, k_glob), _joined(v, v_glob)
     outs = []
     for part in _chunks(q, k_ids):
-        out = F.scaled_dot_product_attention(_select(q, q_ids, part), _select(k, k_ids, part), _select(v, k_ids, part),
+        out = F.scaled_dot_product_attention(_select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
+                                             _select_keys(v, v_glob, k_ids, part),
                                              attn_mask=_heads_mask(mask, part, c), dropout_p=p_drop,
                                              scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
-    return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
+    return out if out_ids is None else select_rows(out, out_ids)
 
 
 class _BlockSDPA(torch.autograd.Function):
     """One call of :func:`block_attention` on the CPU flash kernel, saving only its output and log-sum-exp.
 
-    Backward gathers the blocks again (cheap copies) and calls the kernel's backward; the block
-    gradients are added back to the tokens they were gathered from (``index_add``).
+    Backward gathers the blocks (and the output rows of their slots) again and calls the kernel's
+    backward; the block gradients are added to the tokens they were gathered from (``index_add``).
     """
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k_grid: Tensor, v_grid: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
-                q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
+                q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
-        k, v = _joined(k_grid, k_glob), _joined(v_grid, v_glob)
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))  # additive
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _select(q, q_ids, part), _select(k, k_ids, part), _select(v, k_ids, part), 0.0, False,
-                attn_mask=_heads_mask(bias, part, c), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
+                _select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part), _select_keys(v, v_glob, k_ids, part),
+                0.0, False, attn_mask=_heads_mask(bias, part, c), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
-        ctx.save_for_backward(q, k_grid, v_grid, k_glob, v_glob, q_ids, k_ids, bias, out, lse)
+        out = out.view(B, c, n * S, d)
+        if out_ids is not None:
+            out = select_rows(out, out_ids)  # [B, c, L_out, d]
+        ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, bias, out_ids, out, lse)
         ctx.scale = scale
-        return out.view(B, c, n * S, d)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        q, k_grid, v_grid, k_glob, v_glob, q_ids, k_ids, bias, out, lse = ctx.saved_tensors
+        q, k, v, k_glob, v_glob, q_ids, k_ids, bias, out_ids, out, lse = ctx.saved_tensors
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
-        k, v = _joined(k_grid, k_glob), _joined(v_grid, v_glob)  # joined again, not saved
-        grad = grad.to(out.dtype).view(B, c, n, S, d)
+        grad = grad.to(out.dtype)
+        rows, filled = (None, None) if out_ids is None else _slot_rows(out_ids, n * S)
         d_q, d_k, d_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
+        d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
+            slots = slice(part.start * S, part.stop * S)
+            if rows is None:  # outputs in block order
+                g_o, o = grad[:, :, slots], out[:, :, slots]
+            else:  # output rows of the chunk's slots; slots without one get no gradient
+                g_o = grad.index_select(2, rows[slots]).mul_(filled[slots, None])
+                o = out.index_select(2, rows[slots])
             g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad[:, :, part].reshape(B, c * m, S, d), _select(q, q_ids, part), _select(k, k_ids, part),
-                _select(v, k_ids, part), out[:, :, part].reshape(B, c * m, S, d), lse[:, :, part].reshape(B, c * m, S),
-                0.0, False, attn_mask=_heads_mask(bias, part, c), scale=ctx.scale)
+                g_o.reshape(B, c * m, S, d), _select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
+                _select_keys(v, v_glob, k_ids, part), o.reshape(B, c * m, S, d),
+                lse[:, :, part].reshape(B, c * m, S), 0.0, False, attn_mask=_heads_mask(bias, part, c),
+                scale=ctx.scale)
             _add_back(d_q, q_ids, part, g_q)
-            _add_back(d_k, k_ids, part, g_k)
-            _add_back(d_v, k_ids, part, g_v)
-        G = 0 if k_glob is None else k_glob.shape[2]
-        d_kg, d_vg = (d_k[:, :, :G], d_v[:, :, :G]) if k_glob is not None else (None, None)
-        return d_q, d_k[:, :, G:], d_v[:, :, G:], d_kg, d_vg, None, None, None, None
+            _add_keys_back(d_k, d_kg, k_ids, part, g_k)
+            _add_keys_back(d_v, d_vg, k_ids, part, g_v)
+        return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None

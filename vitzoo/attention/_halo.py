@@ -22,8 +22,8 @@ attends with dense matmuls to its halo: keys that cover every key of every query
 
 Queries, keys and values are cut with one ``index_select`` each (flat ids per block): about
 ``(hb_H·hb_W)/(b_H·b_W)`` copies of K and V instead of k². Global keys (prefix and learned
-tokens) join every block's keys in front (:func:`vitzoo.attention._gather.with_global`); the blocks
-run through :func:`vitzoo.attention._gather.block_attention`.
+tokens) join every block's keys in front; the blocks run through
+:func:`vitzoo.attention._gather.block_attention`, which writes the outputs in raster order.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from vitzoo.attention._gather import block_attention, global_ids, global_mask
+from vitzoo.attention._gather import block_attention, global_mask
 from vitzoo.attention._neighbourhood import axis_index
 from vitzoo.attention.base import Grid
 
@@ -178,10 +178,8 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Te
         return halo_scores(q, k, v, group, k_glob, v_glob, scale, drop, bias)
     p_drop = drop.p if drop is not None and drop.training else 0.0
     (nb, S, K), G = group.mask.shape, k_glob.shape[2]
-    out = block_attention(q, k, v, group.q_ids.view(nb, S),
-                          global_ids(group.k_ids.view(nb, K), G), global_mask(group.mask, G), scale, p_drop,
-                          *((k_glob, v_glob) if G else ()))
-    return out.index_select(2, group.out_ids)  # [B, h, blocks·S, d] -> raster order [B, h, H·W, d]
+    return block_attention(q, k, v, group.q_ids.view(nb, S), group.k_ids.view(nb, K), global_mask(group.mask, G),
+                           scale, p_drop, *((k_glob, v_glob) if G else (None, None)), out_ids=group.out_ids)
 
 
 def halo_scores(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor, scale: float,

@@ -36,7 +36,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import _flex
-from vitzoo.attention._gather import block_attention, global_mask
+from vitzoo.attention._gather import block_attention, global_mask, select_rows
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -171,54 +171,55 @@ class SparsePatternAttention(QKVAttention):
         kv = F.linear(state, w[C:], None if bias is None else bias[C:])  # keys and values: [B, g, 2C]
         return self.to_heads(kv, 2)  # [B, h, g, d] each
 
+    def every_key(self, k: Tensor, k_mem: Tensor) -> Tensor:
+        """``[B, h, P + g + L, d]``: prefix keys, the learned tokens' keys ``k_mem``, grid keys (``k`` itself when g = 0)."""
+        P = self.num_prefix
+        return torch.cat([k[:, :, :P], k_mem, k[:, :, P:]], dim=2) if k_mem.shape[2] else k
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern (``attention.impl``)."""
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if _flex.resolve_impl(self.cfg.impl, q.device, self.training, self.attn_drop.p, needs_grad) == "flex":
             return self.attend_flex(q, k, v, grid)
         pat = self.pattern_at(grid, q.device)
-        P, L = self.num_prefix, grid[0] * grid[1]
+        P = self.num_prefix
         p_drop = self.attn_drop.p if self.training else 0.0
-        q_pre, q_grid = q.split([P, L], dim=2)  # [B, h, P, d], [B, h, L, d]
-        k_pre, k_grid = k.split([P, L], dim=2)
-        v_pre, v_grid = v.split([P, L], dim=2)
+        (q_pre, q_grid), (k_pre, k_grid), (v_pre, v_grid) = (split_prefix(t, P) for t in (q, k, v))
         k_mem, v_mem = self.learned_kv(k, v, p_drop)  # [B, h, g, d]
-        k_all = torch.cat([k_pre, k_mem, k_grid], dim=2)  # [B, h, P + g + L, d]: every key
-        v_all = torch.cat([v_pre, v_mem, v_grid], dim=2)
         q_glob, k_glob, v_glob = q_pre, torch.cat([k_pre, k_mem], dim=2), torch.cat([v_pre, v_mem], dim=2)
         if pat.num_global_grid:
             gg = pat.global_grid
             q_glob = torch.cat([q_pre, q_grid[:, :, gg]], dim=2)  # [B, h, P + G_grid, d]
             k_glob = torch.cat([k_glob, k_grid[:, :, gg]], dim=2)  # [B, h, P + g + G_grid, d]
             v_glob = torch.cat([v_glob, v_grid[:, :, gg]], dim=2)
+        halo = all(isinstance(group, HaloGroup) for group in pat.groups)  # halo groups take k_glob, not k_all
+        k_all, v_all = (k, v) if halo and not q_glob.shape[2] else (self.every_key(k, k_mem), self.every_key(v, v_mem))
         # global queries attend to every key: P + G_grid rows
         o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
+        sizes = [group.heads for group in pat.groups]
+        parts = zip(*(head_parts(t, sizes) for t in (q_grid, k_grid, v_grid, k_glob, v_glob, k_all, v_all)))
         outs, h0 = [], 0
-        for group in pat.groups:
+        for group, (q_g, k_g, v_g, kg_g, vg_g, ka_g, va_g) in zip(pat.groups, parts):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
-                outs.append(halo_attention(q_grid[:, hs], k_grid[:, hs], v_grid[:, hs], group, k_glob[:, hs],
-                                           v_glob[:, hs], self.scale, self.attn_drop, self.halo_bias(group, hs))
-                            .unsqueeze(3))
+                outs.append(halo_attention(q_g, k_g, v_g, group, kg_g, vg_g, self.scale, self.attn_drop,
+                                           self.halo_bias(group, hs)).unsqueeze(3))
             elif group.keys is None:  # dense heads: every grid query over every key
-                outs.append(sdpa(q_grid[:, hs], k_all[:, hs], v_all[:, hs], dropout_p=p_drop).unsqueeze(3))
+                outs.append(sdpa(q_g, ka_g, va_g, dropout_p=p_drop).unsqueeze(3))
             else:
-                outs.append(self.gathered(q_grid[:, hs], k_all[:, hs], v_all[:, hs], pat, group))
-        o_grid = torch.cat(outs, dim=1).flatten(2, 3)  # [B, h, Q·S, d]
+                outs.append(self.gathered(q_g, ka_g, va_g, pat, group))
+        o_grid = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).flatten(2, 3)  # [B, h, Q·S, d]
         o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
         if pat.inverse is not None:
-            o_grid = torch.cat([o_grid, o_gg], dim=2).index_select(2, pat.inverse)  # [B, h, L, d] raster order
-        return torch.cat([o_pre, o_grid], dim=2)
+            o_grid = select_rows(torch.cat([o_grid, o_gg], dim=2), pat.inverse)  # [B, h, L, d] raster order
+        return torch.cat([o_pre, o_grid], dim=2) if P else o_grid
 
     def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """The same pattern as one FlexAttention call (:mod:`vitzoo.attention._flex`): ``[B, h, P + L, d]``."""
-        P = self.num_prefix
         k_mem, v_mem = self.learned_kv(k, v, self.attn_drop.p if self.training else 0.0)  # [B, h, g, d]
-        k_all = torch.cat([k[:, :, :P], k_mem, k[:, :, P:]], dim=2)  # [B, h, P + g + L, d]
-        v_all = torch.cat([v[:, :, :P], v_mem, v[:, :, P:]], dim=2)
         mask, score_mod = _flex.flex_mask_at(self, grid, q.device, lambda: self.build_flex(grid, q.device))
-        return _flex.run_flex(q, k_all, v_all, mask, score_mod, self.scale)
+        return _flex.run_flex(q, self.every_key(k, k_mem), self.every_key(v, v_mem), mask, score_mod, self.scale)
 
     def build_flex(self, grid: Grid, device: Any) -> tuple[Any, Any]:
         """``(BlockMask, score_mod or None)`` of the pattern at ``grid`` from :meth:`flex_grid_mod` / :meth:`flex_grid_bias`."""
@@ -387,6 +388,17 @@ class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
 def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood, offsets: bool = False) -> HaloGroup:
     """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid`` (``offsets``: see :class:`HaloGroup`)."""
     return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border, offsets)
+
+
+def head_parts(t: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
+    """``t[B, h, .., d]`` cut into head groups of ``sizes`` with one split (its backward joins the groups'
+    gradients in one tensor, where slicing would pad each to all h heads); ``(t,)`` for one group."""
+    return t.split(sizes, dim=1) if len(sizes) > 1 else (t,)
+
+
+def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
+    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]`` (``t`` itself when P = 0: no copy in backward)."""
+    return (t[:, :, :0], t) if not prefix else t.split([prefix, t.shape[2] - prefix], dim=2)
 
 
 def check_num_global_option(cfg: Any) -> None:
