@@ -6,8 +6,9 @@ q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B·nW, T, 3C]``
 returns merged heads ``[B·nW, T, C]``; it saves only ``qkv``, the bias and the log-sum-exp
 ``[B·nW, h, T]``, recomputes the probabilities in backward and writes the q/k/v gradients into one
 ``[B·nW, T, 3C]`` buffer. Both passes work through blocks of windows whose scores stay cache-sized
-(:func:`vitzoo.attention._kernel_core._budget`). Scores and probabilities are float32 (float64 stays
-float64) with autocast off; gradients come back in the inputs' dtypes.
+(:func:`vitzoo.attention._kernel_core._budget`). Autocast is off inside: the matmuls take q, k, v in
+their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
+log-sum-exp are float32 (float64 stays float64); gradients come back in the inputs' dtypes.
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ def _blocks(R: int, per_window: int) -> list[slice]:
     return [slice(i, min(i + step, R)) for i in range(0, R, step)]
 
 
-def _heads(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t[r, T, h, d]`` (a strided view) -> contiguous ``[r·h, T, d]`` in ``dtype``: one copy."""
+def _heads(t: Tensor) -> Tensor:
+    """``t[r, T, h, d]`` (a strided view) -> contiguous ``[r·h, T, d]``: one copy."""
     r, T, h, d = t.shape
-    return t.transpose(1, 2).to(dtype).reshape(r * h, T, d)
+    return t.transpose(1, 2).reshape(r * h, T, d)
 
 
 def _put(dst: Tensor, src: Tensor) -> None:
@@ -44,16 +45,19 @@ def _put(dst: Tensor, src: Tensor) -> None:
     dst.copy_(src.view(r, h, T, d).transpose(1, 2))
 
 
-def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows: slice, scale: float) -> Tensor:
-    """``QKᵀ·scale + bias (+ mask)`` ``[r·h, T, T]`` of windows ``windows`` (rows ``b·nW + w``: mask ``w``)."""
+def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows: slice, scale: float,
+            dtype: torch.dtype) -> Tensor:
+    """``QKᵀ·scale + bias (+ mask)`` ``[r·h, T, T]`` in ``dtype`` of windows ``windows`` (rows ``b·nW + w``: mask ``w``)."""
     r, (h, T, _) = windows.stop - windows.start, bias.shape
-    s = q.new_empty(r, h, T, T)  # baddbmm_ accumulates QKᵀ into it
+    s = q.new_empty(r, h, T, T, dtype=dtype)  # QKᵀ is accumulated into it
     if mask is None:
         s.copy_(bias.expand(r, h, T, T))
     else:
         torch.add(bias, mask.index_select(0, torch.arange(windows.start, windows.stop, device=mask.device) % mask.shape[0])[:, None], out=s)
     s = s.view(r * h, T, T)
-    return s.baddbmm_(q, k.transpose(1, 2), alpha=scale)  # QKᵀ: T·T·d per window and head
+    if q.dtype == dtype:
+        return s.baddbmm_(q, k.transpose(1, 2), alpha=scale)  # QKᵀ: T·T·d per window and head
+    return s.add_(torch.bmm(q, k.transpose(1, 2)), alpha=scale)  # bfloat16/half QKᵀ, float32 scores
 
 
 class WindowCore(torch.autograd.Function):
@@ -70,11 +74,11 @@ class WindowCore(torch.autograd.Function):
         lse = torch.empty(R * heads, T, 1, dtype=dtype, device=qkv.device)
         with torch.autocast(qkv.device.type, enabled=False):
             for win in _blocks(R, heads * T * T):
-                q, k, v = (_heads(parts[win, :, i], dtype) for i in range(3))  # [r·h, T, d]
-                s = _scores(q, k, bias, mask, win, scale)
+                q, k, v = (_heads(parts[win, :, i]) for i in range(3))  # [r·h, T, d]
+                s = _scores(q, k, bias, mask, win, scale, dtype)
                 rows = slice(win.start * heads, win.stop * heads)
                 torch.logsumexp(s, -1, keepdim=True, out=lse[rows])
-                _put(out[win], torch.bmm(s.sub_(lse[rows]).exp_(), v))  # softmax, then AV: T·T·d
+                _put(out[win], torch.bmm(s.sub_(lse[rows]).exp_().to(v.dtype), v))  # softmax, then AV: T·T·d
         ctx.save_for_backward(qkv, bias, mask, lse)
         ctx.heads, ctx.scale = heads, scale
         return out.view(R, T, heads * d)
@@ -91,14 +95,14 @@ class WindowCore(torch.autograd.Function):
         d_bias = torch.zeros(bias.shape, dtype=lse.dtype, device=bias.device)
         with torch.autocast(qkv.device.type, enabled=False):
             for win in _blocks(R, heads * T * T):
-                q, k, v = (_heads(parts[win, :, i], lse.dtype) for i in range(3))  # [r·h, T, d]
-                d_o = _heads(grad[win], lse.dtype)
-                p = _scores(q, k, bias, mask, win, scale).sub_(lse[win.start * heads:win.stop * heads]).exp_()
-                d_s = torch.bmm(d_o, v.transpose(1, 2)).mul_(p)  # P ⊙ dP with dP = dO Vᵀ
-                d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
+                q, k, v = (_heads(parts[win, :, i]) for i in range(3))  # [r·h, T, d]
+                d_o = _heads(grad[win])
+                p = _scores(q, k, bias, mask, win, scale, lse.dtype).sub_(lse[win.start * heads:win.stop * heads]).exp_()
+                d_s = p * torch.bmm(d_o, v.transpose(1, 2))
+                d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1)  # dS = P ⊙ (dP - rowsum(P ⊙ dP)), dP = dO Vᵀ
                 d_bias += d_s.view(-1, heads, T, T).sum(0)
-                _put(d_parts[win, :, 2], torch.bmm(p.transpose(1, 2), d_o))  # dV = Pᵀ dO
-                d_s.mul_(scale)
+                _put(d_parts[win, :, 2], torch.bmm(p.to(v.dtype).transpose(1, 2), d_o))  # dV = Pᵀ dO
+                d_s = d_s.mul_(scale).to(q.dtype)
                 _put(d_parts[win, :, 0], torch.bmm(d_s, k))  # dQ = dS K·scale
                 _put(d_parts[win, :, 1], torch.bmm(d_s.transpose(1, 2), q))  # dK = dSᵀ Q·scale
         return d_qkv, d_bias.to(bias.dtype), None, None, None
