@@ -149,10 +149,9 @@ def test_output_equals_dense_oracle(grid, prefix, shifted):
 @pytest.mark.parametrize("masked", [False, True], ids=["bias", "bias_and_mask"])
 def test_window_core_gradcheck(chunk, masked, monkeypatch):
     """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64)."""
-    from vitzoo.attention import _kernel_core
-    from vitzoo.attention._window_core import WindowCore
+    from vitzoo.attention import _window_core
 
-    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
     torch.manual_seed(0)
     R, T, h, d, nw = 6, 5, 2, 3, 3
     qkv = torch.randn(R, T, 3 * h * d, dtype=torch.float64, requires_grad=True)
@@ -161,7 +160,7 @@ def test_window_core_gradcheck(chunk, masked, monkeypatch):
     if masked:
         mask = torch.zeros(nw, T, T, dtype=torch.float64).masked_fill(torch.rand(nw, T, T) < 0.4, float("-inf"))
         mask.diagonal(dim1=1, dim2=2).zero_()  # no all-masked row
-    assert torch.autograd.gradcheck(lambda a, b: WindowCore.apply(a, b, mask, h, d ** -0.5), (qkv, bias))
+    assert torch.autograd.gradcheck(lambda a, b: _window_core.WindowCore.apply(a, b, mask, h, d ** -0.5), (qkv, bias))
 
 
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])

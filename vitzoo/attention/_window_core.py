@@ -6,7 +6,7 @@ q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B·nW, T, 3C]``
 returns merged heads ``[B·nW, T, C]``; it saves only ``qkv``, the bias and the log-sum-exp
 ``[B·nW, h, T]``, recomputes the probabilities in backward and writes the q/k/v gradients into one
 ``[B·nW, T, 3C]`` buffer. Both passes work through blocks of windows whose scores stay cache-sized
-(:func:`vitzoo.attention._kernel_core._budget`). Autocast is off inside: the matmuls take q, k, v in
+(:data:`SCORE_ELEMENTS`). Autocast is off inside: the matmuls take q, k, v in
 their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
 log-sum-exp are float32 (float64 stays float64); gradients come back in the inputs' dtypes.
 """
@@ -17,7 +17,6 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vitzoo.attention._kernel_core import _budget
 
 
 def core_applies(qkv: Tensor, p_drop: float) -> bool:
@@ -27,9 +26,15 @@ def core_applies(qkv: Tensor, p_drop: float) -> bool:
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
 
 
+# Scores per block of windows and CPU thread (256 KB in float32): the block's scores, probabilities and
+# their gradients stay in cache, and at 64x64 tokens with 8x8 windows the temporaries of backward
+# stay a few MB (four times as many made the layer's peak 6 MB higher).
+SCORE_ELEMENTS = 1 << 16
+
+
 def _blocks(R: int, per_window: int) -> list[slice]:
-    """Window ranges of about :func:`_budget` score elements (``per_window`` = h·T² each)."""
-    step = max(1, _budget() // per_window)
+    """Window ranges of about :data:`SCORE_ELEMENTS` scores per thread (``per_window`` = h·T² each)."""
+    step = max(1, SCORE_ELEMENTS * max(1, torch.get_num_threads()) // per_window)
     return [slice(i, min(i + step, R)) for i in range(0, R, step)]
 
 
