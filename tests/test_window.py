@@ -145,6 +145,40 @@ def test_output_equals_dense_oracle(grid, prefix, shifted):
         torch.testing.assert_close(attn.reference(x, grid), expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_block", "blocks"])
+@pytest.mark.parametrize("masked", [False, True], ids=["bias", "bias_and_mask"])
+def test_window_core_gradcheck(chunk, masked, monkeypatch):
+    """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64)."""
+    from vitzoo.attention import _window_core
+
+    monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    R, T, h, d, nw = 6, 5, 2, 3, 3
+    qkv = torch.randn(R, T, 3 * h * d, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(h, T, T, dtype=torch.float64, requires_grad=True)
+    mask = None
+    if masked:
+        mask = torch.zeros(nw, T, T, dtype=torch.float64).masked_fill(torch.rand(nw, T, T) < 0.4, float("-inf"))
+        mask.diagonal(dim1=1, dim2=2).zero_()  # no all-masked row
+    assert torch.autograd.gradcheck(lambda a, b: _window_core.WindowCore.apply(a, b, mask, h, d ** -0.5), (qkv, bias))
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])
+@pytest.mark.parametrize("grid,prefix", CASES)
+def test_training_gradients_equal_reference(grid, prefix, shifted):
+    """In training (WindowCore: probabilities recomputed in backward) input and parameter gradients are the
+    dense reference's."""
+    attn = window_mixer(grid, prefix, shifted).train()
+    torch.manual_seed(3)
+    x = torch.randn(2, prefix + grid[0] * grid[1], 16, dtype=torch.float64, requires_grad=True)
+    g = torch.randn_like(x)
+    params = [x, *attn.parameters()]
+    got = torch.autograd.grad(attn(x, grid), params, g)
+    expected = torch.autograd.grad(attn.reference(x, grid), params, g)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
 def test_swin_odd_blocks_are_shifted():
     model = vitzoo.create_model("swin_cifar", attention="window")
     for stage in model.stages:

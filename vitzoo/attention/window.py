@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
 from vitzoo.attention import register_attention
+from vitzoo.attention._window_core import WindowCore, core_applies
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive, dense_attention, sdpa
 
 
@@ -64,11 +65,29 @@ def window_partition(x: Tensor, window: int) -> Tensor:
     return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, window * window, C)
 
 
-def window_reverse(windows: Tensor, window: int, H: int, W: int) -> Tensor:
-    """``windows[B·nW, M·M, C] -> [B, H, W, C]``: inverse of :func:`window_partition`."""
-    C = windows.shape[-1]
-    x = windows.view(-1, H // window, W // window, window, window, C)  # [B, H/M, W/M, M, M, C]
-    return x.permute(0, 1, 3, 2, 4, 5).reshape(-1, H, W, C)
+def window_index(grid: Grid, window: int, shift: int, num_prefix: int,
+                 device: Optional[torch.device] = None) -> tuple[Tensor, Tensor]:
+    """Where the window slots read their tokens and where each token's output lies (pad, roll and partition in one).
+
+    Returns:
+        ``gather[nW·M²]``: the raster id (into the ``H·W`` grid tokens) of each window slot of the
+        padded map rolled by ``-shift``; padding slots read token 0 (they are masked as keys and their
+        outputs are dropped). ``scatter[H·W]``: each grid token's slot in the windows' output
+        ``[nW·(P + M²)]`` (each window's P prefix slots first).
+    """
+    H, W = grid
+    hp, wp = padded_grid(grid, window)
+    r = (torch.arange(hp, device=device) + shift) % hp  # padded-map row at each rolled row
+    c = (torch.arange(wp, device=device) + shift) % wp
+    real = (r[:, None] < H) & (c[None, :] < W)  # [Hp, Wp]
+    token = torch.where(real, r[:, None] * W + c[None, :], 0)  # [Hp, Wp] raster id (padding: 0)
+    gather = window_partition(token[None, :, :, None], window).flatten()  # [nW·M²]
+    real = window_partition(real[None, :, :, None], window).flatten()
+    slot = torch.arange(gather.numel(), device=device)
+    slot = slot + num_prefix * (slot // window ** 2 + 1)  # skip each window's prefix slots
+    scatter = torch.empty(H * W, dtype=torch.long, device=device)
+    scatter[gather[real]] = slot[real]
+    return gather, scatter
 
 
 def window_mask(grid: Grid, window: int, shift: int, num_prefix: int,
@@ -134,6 +153,9 @@ class WindowAttention(QKVAttention):
         trunc_normal_(self.relative_position_bias_table, std=0.02)
         self.register_buffer("relative_position_index", relative_position_index(M), persistent=False)
         self.register_buffer("attn_mask", self.build_mask(self.grid), persistent=False)  # [nW, T, T] or None
+        gather, scatter = self.build_index(self.grid)
+        self.register_buffer("gather_index", gather, persistent=False)  # [nW·M²]
+        self.register_buffer("scatter_index", scatter, persistent=False)  # [H·W]
 
     def shift_size(self, grid: Grid) -> int:
         """Cyclic shift at ``grid``: M//2 in a shifted block, 0 when unshifted or one window covers the grid."""
@@ -142,6 +164,10 @@ class WindowAttention(QKVAttention):
     def build_mask(self, grid: Grid, device: Optional[torch.device] = None) -> Optional[Tensor]:
         """The additive padding/shift mask ``[nW, P + M², P + M²]`` at ``grid`` (None: nothing masked)."""
         return window_mask(tuple(grid), self.window_size, self.shift_size(grid), self.num_prefix, device)
+
+    def build_index(self, grid: Grid, device: Optional[torch.device] = None) -> tuple[Tensor, Tensor]:
+        """:func:`window_index` at ``grid``: the slots' token ids ``[nW·M²]`` and the tokens' slots ``[H·W]``."""
+        return window_index(tuple(grid), self.window_size, self.shift_size(grid), self.num_prefix, device)
 
     def position_bias(self) -> Tensor:
         """``[h, T, T]`` relative position bias, zero on prefix rows and columns (T = P + M²)."""
@@ -153,35 +179,38 @@ class WindowAttention(QKVAttention):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Args: x: ``[B, P + H·W, C]`` (prefix tokens first); grid: (H, W). Returns ``[B, P + H·W, C]``."""
         B, _, C = x.shape
-        H, W = grid
-        M, P, s = self.window_size, self.num_prefix, self.shift_size(grid)
-        hp, wp = padded_grid(grid, M)
-        mask = self.attn_mask if tuple(grid) == self.grid else self.build_mask(grid, x.device)
-        tokens = F.pad(x[:, P:].reshape(B, H, W, C), (0, 0, 0, wp - W, 0, hp - H))  # [B, Hp, Wp, C]
-        if s:
-            tokens = torch.roll(tokens, (-s, -s), dims=(1, 2))
-        windows = window_partition(tokens, M)  # [B·nW, M², C]
+        M, P = self.window_size, self.num_prefix
+        own = tuple(grid) == self.grid
+        mask = self.attn_mask if own else self.build_mask(grid, x.device)
+        gather, scatter = (self.gather_index, self.scatter_index) if own else self.build_index(grid, x.device)
+        windows = x[:, P:].index_select(1, gather).view(-1, M * M, C)  # pad, roll, partition: [B·nW, M², C]
         nw = windows.shape[0] // B
         if P:
             prefix = x[:, None, :P].expand(B, nw, P, C).reshape(B * nw, P, C)  # [B·nW, P, C]
             windows = torch.cat([prefix, windows], dim=1)  # [B·nW, P + M², C]
         out = self.attend_windows(windows, mask)  # [B·nW, P + M², C]
-        prefix_out = out[:, :P].reshape(B, nw, P, C).mean(dim=1)  # [B, P, C]
-        tokens = window_reverse(out[:, P:], M, hp, wp)  # [B, Hp, Wp, C]
-        if s:
-            tokens = torch.roll(tokens, (s, s), dims=(1, 2))
-        return torch.cat([prefix_out, tokens[:, :H, :W].reshape(B, H * W, C)], dim=1)
+        tokens = out.view(B, -1, C).index_select(1, scatter)  # un-roll, crop: [B, H·W, C]
+        if not P:
+            return tokens
+        prefix_out = out.view(B, nw, -1, C)[:, :, :P].mean(dim=1)  # [B, P, C]
+        return torch.cat([prefix_out, tokens], dim=1)
 
     def attend_windows(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
         """Window tokens ``x[B·nW, T, C]`` -> ``[B·nW, T, C]`` with the bias (and ``mask[nW, T, T]``).
 
-        SDPA always gets 4-D q/k/v and a 4-D mask (5-D inputs or a 3-D mask send it to its slow math
-        path on CPU). With a mask, the windows are folded into the head axis, q/k/v ``[B, nW·h, T, d]``,
-        so the ``[1, nW·h, T, T]`` bias+mask broadcasts over images instead of being copied B times.
+        Training on the CPU without attention dropout runs :class:`~vitzoo.attention._window_core.WindowCore`
+        (probabilities recomputed in backward). Elsewhere SDPA always gets 4-D q/k/v and a 4-D mask (5-D
+        inputs or a 3-D mask send it to its slow math path on CPU). With a mask, the windows are folded
+        into the head axis, q/k/v ``[B, nW·h, T, d]``, so the ``[1, nW·h, T, T]`` bias+mask broadcasts over
+        images instead of being copied B times.
         """
-        q, k, v = self.split_heads(x)  # [B·nW, h, T, d]
-        bias = self.position_bias().to(q.dtype)  # [h, T, T]
+        qkv = self.qkv(x)  # [B·nW, T, 3C]
+        bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
+        if core_applies(qkv, p):
+            return self.proj_drop(self.proj(WindowCore.apply(qkv, bias, mask, self.num_heads, self.scale)))
+        q, k, v = self.to_heads(qkv, 3)  # [B·nW, h, T, d]
+        bias = bias.to(q.dtype)
         if mask is None:
             return self.merge_heads(sdpa(q, k, v, attn_mask=bias[None], dropout_p=p))  # bias [1, h, T, T]
         nw, (_, h, t, d) = mask.shape[0], q.shape

@@ -70,9 +70,13 @@ class PatchMerging(nn.Module):
     def forward(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B, _, C = x.shape
         H, W = grid
-        x = F.pad(x.view(B, H, W, C), (0, 0, 0, W % 2, 0, H % 2))  # [B, H', W', C] even sides
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)  # [B, H/2, W/2, 4C]
-        return self.reduction(self.norm(x.flatten(1, 2)))  # [B, H/2·W/2, 2C]
+        x = x.view(B, H, W, C)
+        if H % 2 or W % 2:
+            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))  # [B, H', W', C] even sides
+        h, w = PatchMerging.out_grid(grid)
+        x = x.view(B, h, 2, w, 2, C).permute(0, 1, 3, 4, 2, 5)  # [B, H/2, W/2, 2 (col), 2 (row), C]
+        x = x.reshape(B, h * w, 4 * C)  # channels: (0,0), (1,0), (0,1), (1,1) neighbours (row, col), as timm
+        return self.reduction(self.norm(x))  # [B, H/2·W/2, 2C]
 
     def flops(self, grid: tuple[int, int]) -> int:
         h, w = self.out_grid(grid)
