@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
+CHUNK_ELEMENTS = 1 << 17  # features per chunk and CPU thread (512 KB in float32): a block and its temporaries fit in L2
 
 
 def _budget() -> int:
@@ -195,6 +195,7 @@ class KernelAttention(torch.autograd.Function):
                                                      unit, norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
+                    del xq, unit, norm, phi_q, qkvz_c, den_raw, den, grad_qkvz  # freed before the next block's
                 if factor != 1.0:
                     g_kvz *= factor
                 for r in rows:  # keys and values
@@ -208,6 +209,7 @@ class KernelAttention(torch.autograd.Function):
                                                      norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
+                    del xk, unit, norm, phi_k, v1, t  # freed before the next block's
         if grad_scale is not None:
             grad_scale = grad_scale.to(scale.dtype)
         return None, grad_qkv, None, None, grad_scale, None, None
