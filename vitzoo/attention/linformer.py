@@ -172,7 +172,7 @@ class LinformerCore(torch.autograd.Function):
         g5, q5, o5 = grad_qkv.view(B, N, 3, heads, d), qkv.reshape(B, N, 3, heads, d), grad.reshape(B, N, heads, d)
         ec, fc = proj[0].to(qkv.dtype), proj[-1].to(qkv.dtype)
         with torch.autocast(qkv.device.type, enabled=False):
-            # three [N, k] blocks per (image, head) at once: the probabilities, their gradient and the scores'
+            # three [N, k] blocks per (image, head) at once: the probabilities, their gradient and the scores' gradient
             for b, j in _chunks(B, heads, 3 * N * proj.shape[-1], qkv.device):
                 q, k, v = (q5[b, :, i, j].transpose(1, 2) for i in range(3))  # [b, h, N, d] views
                 e_c, f_c = _projection_slice(ec, j), _projection_slice(fc, j)
