@@ -216,3 +216,32 @@ def test_efficient_core_gradcheck(monkeypatch):
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 40)  # several chunks
     qkv = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: _kernel_core.efficient_attention_qkv(t, 2), (qkv,))
+
+
+@pytest.mark.parametrize("mats,heads", [(2, 3), (2, 1), (1, 1)], ids=["none", "headwise", "kv"])
+@pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_chunk", "chunks"])
+def test_linformer_core_gradcheck(mats, heads, chunk, monkeypatch):
+    """Hand-written backward of LinformerCore (probabilities recomputed) against finite differences."""
+    from vitzoo.attention import _kernel_core
+    from vitzoo.attention.linformer import linformer_attention_qkv
+
+    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 10, 3 * 3 * 4, dtype=torch.float64, requires_grad=True)
+    proj = torch.randn(mats, heads, 10, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t, p: linformer_attention_qkv(t, p, 3, 0.5), (qkv, proj))
+
+
+@pytest.mark.parametrize("sharing", ["none", "headwise", "kv"])
+def test_linformer_fused_forward_matches_per_head_attend_and_its_gradients(sharing):
+    """LinformerCore gives the per-head SDPA path's values and gradients (of x and of E, F)."""
+    torch.manual_seed(0)
+    attn = make_attention("linformer", sharing=sharing).double()
+    x = torch.randn(2, 65, 32, dtype=torch.float64, requires_grad=True)
+    y = attn(x, (8, 8))
+    ref = attn.merge_heads(attn.attend(*attn.split_heads(x), (8, 8)))
+    g = torch.randn_like(y)
+    params = [x, *attn.parameters()]
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(ref, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-12)

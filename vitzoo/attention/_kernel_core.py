@@ -173,7 +173,8 @@ class KernelAttention(torch.autograd.Function):
             for b, j in _chunks(B, heads, N * m, qkv.device):
                 w, s = _omega(omega, j), None if scale is None else scale[j]
                 kvz_c = kvz[b, j]  # [b, h, m, d+1]
-                rows = _rows(N, kvz_c.shape[0] * kvz_c.shape[1] * m, qkv.device)  # token blocks: stabilisers are saved
+                # token blocks (the stabilisers are saved) holding two [n, m] blocks at once: φ and ∂L/∂φ
+                rows = _rows(N, 2 * kvz_c.shape[0] * kvz_c.shape[1] * m, qkv.device)
                 g_kvz = None
                 for r in rows:  # queries: features recomputed
                     xq, unit, norm = _prepare(kind, q5[b, r, 0, j].transpose(1, 2), s, acc)  # [b, h, n, d]
@@ -195,6 +196,7 @@ class KernelAttention(torch.autograd.Function):
                                                      unit, norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
+                    del xq, unit, norm, phi_q, qkvz_c, den_raw, den, grad_qkvz  # freed before the next block's
                 if factor != 1.0:
                     g_kvz *= factor
                 for r in rows:  # keys and values
@@ -208,6 +210,7 @@ class KernelAttention(torch.autograd.Function):
                                                      norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
+                    del xk, unit, norm, phi_k, v1, t  # freed before the next block's
         if grad_scale is not None:
             grad_scale = grad_scale.to(scale.dtype)
         return None, grad_qkv, None, None, grad_scale, None, None

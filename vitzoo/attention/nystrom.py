@@ -22,6 +22,10 @@ queries are computed.
 
 Prefix tokens (ViT's class token) are ordinary tokens at the start of the sequence: the class
 token falls into the first segment's landmarks and attends / is attended through the landmarks.
+
+``softmax(Q̃Kᵀ/√d)V`` and ``softmax(QK̃ᵀ/√d)·w`` are attention over N keys and over the m landmark keys:
+both are fused SDPA calls, so neither ``[N, m]`` softmax is materialised or kept for backward.
+
 No attention dropout (the paper has none) and no depthwise-conv skip on V (an option of the
 reference code).
 """
@@ -36,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention.base import Grid, QKVAttention, check_positive
+from vitzoo.attention.base import Grid, QKVAttention, check_positive, sdpa
 
 
 @dataclass
@@ -90,14 +94,13 @@ class NystromAttention(QKVAttention):
         return torch.cat([sums[..., :-1, :] / s, last], dim=-2)  # [B, h, m, d]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        q = q * self.scale
+        # the two N×m softmax products are fused SDPA calls (scale 1/√d): neither softmax(QK̃ᵀ) nor
+        # softmax(Q̃Kᵀ) is materialised or stored for backward, and q, k, v are used as they are (no copies)
         q_l, k_l = self.landmarks(q), self.landmarks(k)  # [B, h, m, d]
-        kernel1 = (q @ k_l.transpose(-2, -1)).softmax(-1)  # [B, h, N, m]: N·m·d
-        kernel2 = (q_l @ k_l.transpose(-2, -1)).softmax(-1)  # [B, h, m, m]: m·m·d
-        kernel3 = (q_l @ k.transpose(-2, -1)).softmax(-1)  # [B, h, m, N]: m·N·d
-        w = kernel3 @ v  # [B, h, m, d]: m·N·d
+        kernel2 = (q_l @ k_l.transpose(-2, -1) * self.scale).softmax(-1)  # [B, h, m, m]: m·m·d
+        w = sdpa(q_l, k, v)  # softmax(Q̃Kᵀ/√d)V [B, h, m, d]: 2·m·N·d
         w = self.pinv(kernel2) @ w  # [B, h, m, d]: 4·I·m³ + m·m·d
-        return kernel1 @ w  # [B, h, N, d]: N·m·d
+        return sdpa(q, k_l, w)  # softmax(QK̃ᵀ/√d)w [B, h, N, d]: 2·N·m·d
 
     def pinv(self, a: Tensor) -> Tensor:
         """:func:`iterative_pinv`, in float32 at least (the iteration is unstable in bf16/fp16, e.g. under autocast)."""
