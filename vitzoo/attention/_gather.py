@@ -32,6 +32,17 @@ def select_rows(x: Tensor, ids: Tensor) -> Tensor:
     return x.transpose(1, 2).index_select(1, ids).transpose(1, 2)
 
 
+def head_parts(t: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
+    """``t[B, h, .., d]`` cut into head groups of ``sizes`` with one split (its backward joins the groups'
+    gradients in one tensor, where slicing would pad each to all h heads); ``(t,)`` for one group."""
+    return t.split(sizes, dim=1) if len(sizes) > 1 else (t,)
+
+
+def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
+    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]`` (``t`` itself when P = 0: no copy in backward)."""
+    return (t[:, :, :0], t) if not prefix else t.split([prefix, t.shape[2] - prefix], dim=2)
+
+
 # Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4,
 # 1 MB in float32), so
 # that the blocks gathered again in backward and their gradients stay small and in cache (all
@@ -94,11 +105,14 @@ def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     """``t[B, c, L, d]`` as rows of d elements ``[R, d]`` and the row steps of an image, a head and a token.
 
     A view of ``t``'s storage where the strides allow it (the q/k/v views of a fused projection: no
-    copy of the whole tensor per call), a contiguous copy otherwise or where ``t`` needs a gradient
-    through this view.
+    copy of the whole tensor per call), a contiguous copy otherwise, where ``t`` needs a gradient
+    through this view, or while tracing (an exported graph has no storage to view: ONNX's as_strided
+    would read the view as if it were contiguous).
     """
     d = t.shape[-1]
-    if t.stride(-1) != 1 or any(s % d for s in t.stride()[:3]) or (torch.is_grad_enabled() and t.requires_grad):
+    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    if (tracing or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
+            or (torch.is_grad_enabled() and t.requires_grad)):
         t = t.contiguous()
     s_b, s_c, s_l = (s // d for s in t.stride()[:3])
     rows = sum((n - 1) * s for n, s in zip(t.shape[:3], (s_b, s_c, s_l))) + 1

@@ -36,7 +36,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import _flex
-from vitzoo.attention._gather import block_attention, global_mask, select_rows
+from vitzoo.attention._gather import block_attention, global_mask, head_parts, select_rows, split_prefix
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -388,17 +388,6 @@ class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
 def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood, offsets: bool = False) -> HaloGroup:
     """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid`` (``offsets``: see :class:`HaloGroup`)."""
     return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border, offsets)
-
-
-def head_parts(t: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
-    """``t[B, h, .., d]`` cut into head groups of ``sizes`` with one split (its backward joins the groups'
-    gradients in one tensor, where slicing would pad each to all h heads); ``(t,)`` for one group."""
-    return t.split(sizes, dim=1) if len(sizes) > 1 else (t,)
-
-
-def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
-    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]`` (``t`` itself when P = 0: no copy in backward)."""
-    return (t[:, :, :0], t) if not prefix else t.split([prefix, t.shape[2] - prefix], dim=2)
 
 
 def check_num_global_option(cfg: Any) -> None:
