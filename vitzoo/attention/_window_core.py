@@ -18,7 +18,6 @@ import torch
 from torch import Tensor
 
 
-
 def core_applies(qkv: Tensor, p_drop: float) -> bool:
     """:class:`WindowCore` runs the step: training on the CPU without attention dropout, eager (not traced
     or compiled, where the plain SDPA expression is kept)."""
@@ -58,7 +57,8 @@ def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows:
     if mask is None:
         s.copy_(bias.expand(r, h, T, T))
     else:
-        torch.add(bias, mask.index_select(0, torch.arange(windows.start, windows.stop, device=mask.device) % mask.shape[0])[:, None], out=s)
+        rows = torch.arange(windows.start, windows.stop, device=mask.device) % mask.shape[0]  # window of each row
+        torch.add(bias, mask.index_select(0, rows)[:, None], out=s)
     s = s.view(r * h, T, T)
     if q.dtype == dtype:
         return s.baddbmm_(q, k.transpose(1, 2), alpha=scale)  # QKᵀ: T·T·d per window and head
@@ -102,7 +102,8 @@ class WindowCore(torch.autograd.Function):
             for win in _blocks(R, heads * T * T):
                 q, k, v = (_heads(parts[win, :, i]) for i in range(3))  # [r·h, T, d]
                 d_o = _heads(grad[win])
-                p = _scores(q, k, bias, mask, win, scale, lse.dtype).sub_(lse[win.start * heads:win.stop * heads]).exp_()
+                p = _scores(q, k, bias, mask, win, scale, lse.dtype)
+                p = p.sub_(lse[win.start * heads:win.stop * heads]).exp_()  # probabilities, recomputed
                 d_s = p * torch.bmm(d_o, v.transpose(1, 2))
                 d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1)  # dS = P ⊙ (dP - rowsum(P ⊙ dP)), dP = dO Vᵀ
                 d_bias += d_s.view(-1, heads, T, T).sum(0)
