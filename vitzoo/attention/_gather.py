@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from vitzoo.attention.base import tracing
+
 
 def global_mask(mask: Tensor, num_global: int) -> Tensor:
     """Boolean ``mask[.., n, S or 1, K]`` with G always-visible global keys in front: ``[.., n, S or 1, G + K]``."""
@@ -110,8 +112,7 @@ def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     would read the view as if it were contiguous).
     """
     d = t.shape[-1]
-    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-    if (tracing or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
+    if (tracing() or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
             or (torch.is_grad_enabled() and t.requires_grad)):
         t = t.contiguous()
     s_b, s_c, s_l = (s // d for s in t.stride()[:3])

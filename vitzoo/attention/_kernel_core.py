@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitzoo.attention.base import tracing
+
 CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
 
 
@@ -40,7 +42,7 @@ def _budget() -> int:
 def _chunks(B: int, h: int, per_pair: int, device: torch.device) -> list[tuple[slice, slice]]:
     """(image, head) index blocks of about :func:`_budget` features; one block on accelerators,
     under ``torch.compile``/``torch.export`` and tracing (the loop would fix the batch size)."""
-    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if device.type != "cpu" or tracing():
         return [(slice(None), slice(None))]
     budget = _budget()
     if per_pair * h <= budget:  # several images with all their heads
@@ -53,7 +55,7 @@ def _chunks(B: int, h: int, per_pair: int, device: torch.device) -> list[tuple[s
 def _rows(N: int, per_row: int, device: torch.device) -> list[slice]:
     """Token blocks of about :func:`_budget` features (``per_row`` features per token); one block
     where :func:`_chunks` gives one."""
-    if device.type != "cpu" or torch.compiler.is_compiling() or torch.jit.is_tracing() or N * per_row <= _budget():
+    if device.type != "cpu" or tracing() or N * per_row <= _budget():
         return [slice(None)]
     n = max(1, _budget() // per_row)
     return [slice(i, i + n) for i in range(0, N, n)]

@@ -17,12 +17,14 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from vitzoo.attention.base import tracing
+
 
 def core_applies(qkv: Tensor, p_drop: float) -> bool:
     """:class:`WindowCore` runs the step: training on the CPU without attention dropout, eager (not traced
     or compiled, where the plain SDPA expression is kept)."""
     return (torch.is_grad_enabled() and qkv.requires_grad and qkv.device.type == "cpu" and p_drop == 0.0
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+            and not tracing())
 
 
 # Scores per block of windows and CPU thread (1 MB in float32): the block's scores, probabilities and

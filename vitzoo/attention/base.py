@@ -266,6 +266,12 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor] =
     return scores.softmax(dim=-1) @ v
 
 
+def tracing() -> bool:
+    """Whether the call is being traced or compiled (``torch.compile``/``torch.export``, ``torch.jit.trace``,
+    ONNX export): the fast paths' custom autograd Functions and storage views then give way to plain ops."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
 def sdpa_flops(batch: int, heads: int, nq: int, nk: int, d: int, dv: Optional[int] = None) -> int:
     """MACs of ``softmax(QKᵀ)V``: ``QKᵀ`` is nq·nk·d, ``AV`` is nq·nk·dv, per batch and head."""
     return batch * heads * nq * nk * (d + (dv if dv is not None else d))
