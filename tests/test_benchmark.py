@@ -186,6 +186,30 @@ def test_live_phase_gives_freed_tensors_back_to_the_os():
     assert steady_kb > 3 * 1024 and live_kb < 512, (steady_kb, live_kb)
 
 
+_PEAK_WITH_FILE_PAGES = """
+import mmap, sys, torch
+from vitzoo.bench.memory import PeakMemory
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.write(bytes(16 * 2 ** 20))
+memory = PeakMemory(torch.device("cpu"), live=True)
+memory.start()
+kept = torch.ones(4 * 2 ** 18)  # 4 MiB of tensor memory
+with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    touched = sum(m[i] for i in range(0, len(m), 4096))  # 16 MiB of file pages become resident
+    print(memory.peak_mb())
+"""
+
+
+@pytest.mark.skipif(_glibc() is None or not Path("/proc/self/status").exists(), reason="needs glibc and /proc")
+def test_live_peak_leaves_out_file_backed_pages(tmp_path):
+    """Library code paged in by an operator's first call is file-backed: the live peak counts the 4 MiB
+    tensor, not the 16 MiB of file pages mapped during the phase."""
+    out = subprocess.run([sys.executable, "-c", _PEAK_WITH_FILE_PAGES, str(tmp_path / "pages")],
+                         capture_output=True, text=True, check=True)
+    assert 2.5 < float(out.stdout) < 8, out.stdout
+
+
 def test_worker_reports_a_broken_job():
     """A job the worker cannot run answers with its reason instead of crashing the benchmark."""
     row = run_job(dict(kind="layer", backend="nope", spec={"name": "nope"}, tokens=16, dim=32, heads=2, batch=1,

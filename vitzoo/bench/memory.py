@@ -24,6 +24,15 @@ def _proc_status_kb(key: str) -> Optional[int]:
     return None
 
 
+def _file_kb() -> int:
+    """KiB of the resident set backed by files or shared memory (library code and data pages), 0 if unknown.
+
+    The first call of an operator pages in its code from the torch libraries: resident, but not memory
+    that tensors need, and more of it for backends that call more distinct operators.
+    """
+    return (_proc_status_kb("RssFile") or 0) + (_proc_status_kb("RssShmem") or 0)
+
+
 def _maxrss_kb() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss // 1024 if sys.platform == "darwin" else rss  # bytes on macOS, KiB on Linux
@@ -81,8 +90,10 @@ class PeakMemory:
     ``/proc/self/clear_refs`` at :meth:`start`, baseline ``VmRSS``. Elsewhere: ``ru_maxrss``.
 
     With ``live`` (benchmark workers) on glibc, :meth:`start` also makes the resident size follow live
-    memory until :meth:`peak_mb` (see :func:`_malloc_live`): the phase then measures what the tensors need,
-    not what malloc kept; allocations cost page faults meanwhile, so time nothing inside such a phase.
+    memory until :meth:`peak_mb` (see :func:`_malloc_live`), and the file-backed pages (:func:`_file_kb`:
+    library code paged in by an operator's first call) are left out of the peak and the baseline: the phase
+    then measures what the tensors need, not what malloc kept or which code ran; allocations cost page
+    faults meanwhile, so time nothing inside such a phase.
 
     Args:
         device: the torch device the phase runs on.
@@ -100,9 +111,10 @@ class PeakMemory:
         else:
             self.hwm = _can_reset_hwm()
             self.base_kb = _proc_status_kb("VmRSS") if self.hwm else _maxrss_kb()
+            self.file_kb = _file_kb() if self.live and self.hwm else 0
             self.method = ("VmHWM (reset per phase) - baseline VmRSS" if self.hwm
-                           else "ru_maxrss (process peak) - baseline") + (", live (glibc mmap threshold 128 KiB)"
-                                                                          if self.live else "")
+                           else "ru_maxrss (process peak) - baseline") + (
+                ", live (glibc mmap threshold 128 KiB), file-backed pages excluded" if self.live else "")
 
     @staticmethod
     def describe(device: str) -> str:
@@ -111,7 +123,8 @@ class PeakMemory:
             return ("torch.cuda.max_memory_allocated during the phase minus memory allocated before the model "
                     "was built (one process per configuration)")
         live = (" over two untimed steps with glibc's mmap threshold at 128 KiB and its free heap trimmed, so "
-                "freed tensors leave the resident set: parameters + gradients + optimizer state + live activations"
+                "freed tensors leave the resident set, without file-backed pages (library code paged in by an "
+                "operator's first call): parameters + gradients + optimizer state + live activations"
                 if _glibc() is not None else ": parameters + gradients + optimizer state + activations + "
                 "allocator cache")
         if _can_reset_hwm():
@@ -137,6 +150,8 @@ class PeakMemory:
             peak = torch.cuda.max_memory_allocated(self.device) // 1024
         else:
             peak = _proc_status_kb("VmHWM") if self.hwm else _maxrss_kb()
+            if self.file_kb:
+                peak -= _file_kb() - self.file_kb  # code paged in during the phase is not tensor memory
         if self.live:
             _malloc_live(False)
         return max(0, peak - self.base_kb) / 1024
