@@ -61,8 +61,8 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
     ``k[..., k_ids[i], :]``. The blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements
     per image, one SDPA call each. For training on the CPU without dropout or autocast, backward gathers
-    the chunk's blocks again and runs the flash kernel's backward from the saved output and log-sum-exp
-    (:class:`_BlockSDPA`): neither the gathered keys/values nor the probabilities are stored. Elsewhere
+    the chunk's blocks again and recomputes their probabilities from the saved log-sum-exp (:class:`_BlockSDPA`):
+    neither the gathered keys/values, the probabilities nor the output are stored. Elsewhere
     with a gradient each call is checkpointed (recomputed in backward).
 
     Args:
@@ -190,7 +190,7 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
 
 
 def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor:
-    """:func:`_heads_mask` as an additive mask in ``dtype`` (0 where kept, ``-inf`` where masked): ``[1, c·m, S or 1, K]``."""
+    """:func:`_heads_mask` as an additive ``[1, c·m, S or 1, K]`` in ``dtype``: 0 where kept, ``-inf`` where masked."""
     keep = _heads_mask(mask, part, c)
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
