@@ -61,8 +61,8 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
     ``k[..., k_ids[i], :]``. The blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements
     per image, one SDPA call each. For training on the CPU without dropout or autocast, backward gathers
-    the chunk's blocks again and runs the flash kernel's backward from the saved output and log-sum-exp
-    (:class:`_BlockSDPA`): neither the gathered keys/values nor the probabilities are stored. Elsewhere
+    the chunk's blocks again and recomputes their probabilities from the saved log-sum-exp (:class:`_BlockSDPA`):
+    neither the gathered keys/values, the probabilities nor the output are stored. Elsewhere
     with a gradient each call is checkpointed (recomputed in backward).
 
     Args:
@@ -189,38 +189,42 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
     return out if out_ids is None else select_rows(out, out_ids)
 
 
-class _BlockSDPA(torch.autograd.Function):
-    """One call of :func:`block_attention` on the CPU flash kernel, saving only its output and log-sum-exp.
+def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor:
+    """:func:`_heads_mask` as an additive ``[1, c·m, S or 1, K]`` in ``dtype``: 0 where kept, ``-inf`` where masked."""
+    keep = _heads_mask(mask, part, c)
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
-    Backward gathers the blocks (and the output rows of their slots) again and calls the kernel's
-    backward; the block gradients are added to the tokens they were gathered from (``index_add``).
+
+class _BlockSDPA(torch.autograd.Function):
+    """One call of :func:`block_attention` on the CPU flash kernel, saving only its inputs and the log-sum-exp.
+
+    Backward gathers each chunk's blocks again, recomputes their probabilities from the log-sum-exp and
+    forms the gradients with matmuls; the output is not kept (``rowsum(dO ⊙ O) = rowsum(P ⊙ dP)``). The
+    block gradients are added to the tokens they were gathered from (``index_add``).
     """
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
                 q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))  # additive
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 _select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part), _select_keys(v, v_glob, k_ids, part),
-                0.0, False, attn_mask=_heads_mask(bias, part, c), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
+                0.0, False, attn_mask=_heads_bias(mask, part, c, q.dtype), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
-        out = out.view(B, c, n * S, d)
-        if out_ids is not None:
-            out = select_rows(out, out_ids)  # [B, c, L_out, d]
-        ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, bias, out_ids, out, lse)
+        ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
         ctx.scale = scale
-        return out
+        out = out.view(B, c, n * S, d)
+        return out if out_ids is None else select_rows(out, out_ids)  # [B, c, L_out, d]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        q, k, v, k_glob, v_glob, q_ids, k_ids, bias, out_ids, out, lse = ctx.saved_tensors
+        q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse = ctx.saved_tensors
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
-        grad = grad.to(out.dtype)
+        grad = grad.to(q.dtype)
         rows, filled = (None, None) if out_ids is None else _slot_rows(out_ids, n * S)
         d_q, d_k, d_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
         d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
@@ -228,16 +232,18 @@ class _BlockSDPA(torch.autograd.Function):
             m = part.stop - part.start
             slots = slice(part.start * S, part.stop * S)
             if rows is None:  # outputs in block order
-                g_o, o = grad[:, :, slots], out[:, :, slots]
+                g_o = grad[:, :, slots]
             else:  # output rows of the chunk's slots; slots without one get no gradient
                 g_o = grad.index_select(2, rows[slots]).mul_(filled[slots, None])
-                o = out.index_select(2, rows[slots])
-            g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                g_o.reshape(B, c * m, S, d), _select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
-                _select_keys(v, v_glob, k_ids, part), o.reshape(B, c * m, S, d),
-                lse[:, :, part].reshape(B, c * m, S), 0.0, False, attn_mask=_heads_mask(bias, part, c),
-                scale=ctx.scale)
-            _add_back(d_q, q_ids, part, g_q)
-            _add_keys_back(d_k, d_kg, k_ids, part, g_k)
-            _add_keys_back(d_v, d_vg, k_ids, part, g_v)
+            g_o = g_o.reshape(B, c * m, S, d)
+            q_s, k_s, v_s = (_select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
+                             _select_keys(v, v_glob, k_ids, part))  # [B, c·m, S or G + K, d]
+            p = torch.matmul(q_s, k_s.transpose(-1, -2)).mul_(ctx.scale).add_(_heads_bias(mask, part, c, q.dtype))
+            p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1)).exp_()  # probabilities, recomputed: [B, c·m, S, G + K]
+            _add_keys_back(d_v, d_vg, k_ids, part, torch.matmul(p.transpose(-1, -2), g_o))  # dV = Pᵀ dO
+            d_s = torch.matmul(g_o, v_s.transpose(-1, -2)).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
+            d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1).mul_(ctx.scale)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
+            _add_back(d_q, q_ids, part, torch.matmul(d_s, k_s))  # dQ = dS K·scale
+            _add_keys_back(d_k, d_kg, k_ids, part, torch.matmul(d_s.transpose(-1, -2), q_s))  # dK = dSᵀ Q·scale
+            del g_o, q_s, k_s, v_s, p, d_s  # before the next chunk is gathered
         return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None

@@ -9,21 +9,20 @@ buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplie
   b×b query blocks attend to their halo of K keys with an exact boolean mask. BigBird's Q blocks
   of S queries share one list of K keys per head, gathered from the keys of every token. Both run
   as fused SDPA calls over chunks of blocks (:func:`vitzoo.attention._gather.block_attention`),
-  whose backward gathers the blocks again (saved: block outputs and log-sum-exp, as for ``global``).
+  whose backward gathers the blocks again and recomputes their probabilities (saved: the log-sum-exp).
   ``attention.impl=flex`` runs the same pattern through FlexAttention (:mod:`vitzoo.attention._flex`).
 * G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
   tokens and BigBird's global blocks.
-* Global queries (prefix tokens, tokens of BigBird's global blocks) attend to every key through
-  SDPA: ``P + G`` rows of length N, still linear in N.
+* Global queries (prefix tokens, BigBird's global blocks) attend to every key through SDPA: ``P + G`` rows
+  of length N. These calls and the learned tokens' read hold k, v into backward: q has its own buffer (``separate_q``).
 * Keys that must not count (outside the grid under Longformer's border rule, padding tokens,
   blocks already covered, halo slots outside a query's neighbourhood) are masked with ``-inf``
   before the softmax; they are still computed and counted in ``flops``.
 
-Learned global tokens (ETC's global memory) read the sequence in every layer (the host carries
-only ``P + H·W`` tokens between layers): the queries of the learned tokens t attend to every token
-(g rows of length N), and the state ``s = t + read`` gives the keys and values (``2gC²`` per image)
-every query attends to. The reference computes the same with dense attention and appends the states' keys and
-values as ordinary tokens to a dense masked attention.
+Learned global tokens t (ETC's global memory) read the sequence in every layer (the host carries only ``P + H·W``
+tokens between layers): their queries attend to every token (g rows of length N) and the state ``s = t + read``
+gives the keys and values (``2gC²`` per image) every query attends to. The reference reads densely and appends
+the states' keys and values as ordinary tokens to a dense masked attention.
 """
 from __future__ import annotations
 
@@ -133,6 +132,7 @@ class SparsePatternAttention(QKVAttention):
         self.pattern = self.build_pattern(self.grid).to(self.qkv.weight.device)
         self._other_grids: dict[tuple, SparsePattern] = {}  # patterns at other grids, by (grid, device)
         _flex.forget(self)  # FlexAttention block masks of an earlier pattern
+        self.separate_q = bool(self.num_learned or self.num_prefix or self.pattern.num_global_grid)  # see module doc
 
     def build_pattern(self, grid: Grid) -> SparsePattern:  # pragma: no cover - abstract
         raise NotImplementedError

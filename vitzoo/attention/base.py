@@ -201,13 +201,20 @@ class QKVAttention(TokenMixer):
     def __init__(self, cfg: Any, ctx: MixerContext):
         super().__init__(cfg, ctx)
         self.qkv = nn.Linear(ctx.dim, 3 * ctx.dim, bias=ctx.qkv_bias)
+        self.separate_q = False  # split_heads: q and k|v from two products (see there)
         self.attn_drop = nn.Dropout(ctx.attn_drop)
         self.proj = nn.Linear(ctx.dim, ctx.dim)
         self.proj_drop = nn.Dropout(ctx.proj_drop)
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``x[B, N, C] -> q, k, v`` each ``[B, h, N, d]``."""
-        return self.to_heads(self.qkv(x), 3)
+        """``x[B, N, C] -> q, k, v`` each ``[B, h, N, d]``: one product with the fused weight, or with
+        ``separate_q`` two (q, then k|v), whose outputs are freed apart: q's as soon as nothing saves q."""
+        if not self.separate_q:
+            return self.to_heads(self.qkv(x), 3)
+        C, bias = self.dim, self.qkv.bias
+        w_q, w_kv = self.qkv.weight.split([C, 2 * C])
+        b_q, b_kv = (None, None) if bias is None else bias.split([C, 2 * C])
+        return (*self.to_heads(F.linear(x, w_q, b_q)), *self.to_heads(F.linear(x, w_kv, b_kv), 2))
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         q, k, v = self.split_heads(x)
