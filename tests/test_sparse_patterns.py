@@ -16,7 +16,7 @@ from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, _gather, build_attention
 from vitzoo.attention._neighbourhood import axis_index, fit_dilation, neighbourhood_index
 from vitzoo.attention._sparse import SparsePatternAttention
-from vitzoo.flops import flop_analysis
+from vitzoo.flops import evaluate_formula, flop_analysis
 
 SPARSE = backends("sparse", SparsePatternAttention)  # from the registry: local, dilated, global_tokens, ...
 NO_GLOBAL_HEADS = {"patterns": [["local", None], ["dilated", 1]]}
@@ -37,6 +37,7 @@ NO_GLOBAL_HEADS = {"patterns": [["local", None], ["dilated", 1]]}
     ("bigbird", {"num_global_blocks": 4}, r"attention.num_global_blocks=4 leaves no sparse block"),
     ("bigbird", {"num_random": 3}, r"attention.num_random=3 exceeds the 2 non-global other blocks"),
     ("bigbird", {"window_blocks": 2}, r"attention.window_blocks must be a positive odd integer"),
+    ("bigbird", {"tile_blocks": 0}, r"attention.tile_blocks must be a positive integer"),
     ("multi_pattern", {"patterns": [["local", 2], ["global", 1]]},
      r"attention.patterns assigns 3 heads but the layer has 4"),
     ("multi_pattern", {"patterns": [["strided", None]]}, r"attention.patterns\[0\] must be \[pattern, heads\]"),
@@ -99,6 +100,36 @@ def test_odd_grids_match_reference_and_flops(name, options, grid, prefix):
     assert measured == attn.flops(grid)
 
 
+@pytest.mark.parametrize("tile", [1, 3, 9])
+@pytest.mark.parametrize("grid,prefix", [((9, 11), 1), ((16, 16), 0)])
+def test_bigbird_tiles_keep_the_pattern(tile, grid, prefix):
+    """Other query tiles (one block, short border runs, larger than the block grid): the same outputs
+    as the default tiles and the reference, FLOPs as fvcore counts them and as the formula gives them."""
+    torch.manual_seed(0)
+    attn = make_attention("bigbird", grid, prefix, tile_blocks=tile).double().eval()
+    default = make_attention("bigbird", grid, prefix).double().eval()
+    default.load_state_dict(attn.state_dict())
+    x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, grid), attn.reference(x, grid), rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(attn(x, grid), default(x, grid), rtol=1e-9, atol=1e-10)
+        measured = flop_analysis(Host(attn.float(), grid), (x[:1].float(),)).by_module()["attn"]
+    assert measured == attn.flops(grid) == evaluate_formula(attn.formula, attn.symbols(grid))
+
+
+def test_bigbird_tile_keys_and_masks():
+    """A 2x2 tile of 1x1 blocks on a 6x6 grid: each query sees exactly its own 3x3 window and random blocks."""
+    attn = make_attention("bigbird", (6, 6), 0, block_size=1, num_global_blocks=0, num_random=2)
+    group = attn.pattern.groups[0]
+    assert group.keys.shape == (4, 9, 16 + 4 * 2) and group.mask.shape == (9, 4, 16 + 4 * 2)
+    window, _ = neighbourhood_index((6, 6), (3, 3))
+    for head in range(4):
+        for tile in range(9):
+            for slot, query in enumerate(attn.pattern.query_rows[tile].tolist()):
+                seen = group.keys[head, tile][group.mask[tile, slot]].tolist()
+                assert sorted(seen) == sorted(window[query].tolist() + attn.random_blocks[head, query].tolist())
+
+
 @pytest.mark.parametrize("name", SPARSE)
 def test_other_grid_than_construction(name):
     """A layer built at 8x8 runs at 6x10 (its pattern is rebuilt for that grid)."""
@@ -115,9 +146,10 @@ def test_bigbird_random_blocks_are_seeded_stored_and_reloaded():
     c = build_attention({"name": "bigbird"}, MixerContext(32, 4, (16, 16), 0, layer_index=3))
     assert not torch.equal(a.random_blocks, c.random_blocks)
     # 8x8 blocks of 2x2, block 0 global: 63 query blocks, each 2 random blocks outside its 3x3 window,
-    # drawn per head (one head group, key lists per head)
+    # drawn per head (one head group, key lists per head); 4x4 tiles of 2x2 blocks, each over the
+    # global block's 4 tokens, its 4x4-block halo and its blocks' 4·2 random blocks
     assert a.random_blocks.shape == (4, 64, 2) and len(a.pattern.groups) == 1
-    assert a.pattern.groups[0].keys.shape == (4, 63, (9 + 2) * 4)
+    assert a.pattern.groups[0].keys.shape == (4, 16, 4 + (16 + 4 * 2) * 4)
     assert not torch.equal(a.random_blocks[0], a.random_blocks[1])
     window, _ = neighbourhood_index((8, 8), (3, 3))
     for head in range(4):

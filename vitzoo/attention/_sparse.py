@@ -35,7 +35,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import _flex
-from vitzoo.attention._gather import block_attention, global_mask, head_parts, select_rows, split_prefix
+from vitzoo.attention._gather import block_attention, head_parts, select_rows, split_prefix
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -46,17 +46,19 @@ class HeadGroup(nn.Module):
 
     Args:
         heads: number of heads in the group.
-        keys: ``[Q, K]`` ids into the (padded) grid of each query group's keys, or ``[heads, Q, K]``
-            per head (BigBird's random blocks); None: the group's grid queries attend densely to
-            every key (``multi_pattern``'s global heads).
-        valid: booleans of the shape of ``keys`` (False: masked key), or None when all are valid.
+        keys: ``[Q, K]`` ids into every key (the P + g front keys, then the grid tokens in raster
+            order) of each query group's keys, or ``[heads, Q, K]`` per head (BigBird's random
+            blocks); None: the group's grid queries attend densely to every key (``multi_pattern``'s
+            global heads).
+        mask: booleans ``[Q, S or 1, K]`` or ``[heads, Q, S or 1, K]`` (False: the query does not see
+            the key; no all-False row); None with ``keys`` None.
     """
 
-    def __init__(self, heads: int, keys: Optional[Tensor] = None, valid: Optional[Tensor] = None):
+    def __init__(self, heads: int, keys: Optional[Tensor] = None, mask: Optional[Tensor] = None):
         super().__init__()
         self.heads = heads
         self.register_buffer("keys", keys, persistent=False)
-        self.register_buffer("valid", valid, persistent=False)
+        self.register_buffer("mask", mask, persistent=False)
 
 
 class SparsePattern(nn.Module):
@@ -66,7 +68,7 @@ class SparsePattern(nn.Module):
         grid: (H, W).
         groups: head groups in head order (heads sum to h): :class:`HeadGroup` (gathered keys or
             dense heads) or :class:`~vitzoo.attention._halo.HaloGroup` (blocked neighbourhood heads).
-        padded: grid the ids in ``keys``/``queries`` refer to (the grid padded to whole blocks).
+        padded: grid the ids in ``queries`` refer to (the grid padded to whole blocks).
         queries: ``[Q, S]`` padded ids of the grid queries of each gathered group (BigBird's blocks);
             None: outputs come in raster order, one per grid token (Q = H·W, S = 1).
         global_grid: ``[G]`` raster ids of grid tokens that are global (their queries attend to
@@ -82,6 +84,8 @@ class SparsePattern(nn.Module):
         self.register_buffer("queries", queries, persistent=False)
         self.register_buffer("global_grid", global_grid, persistent=False)
         self.register_buffer("inverse", self._inverse() if queries is not None else None, persistent=False)
+        rows = None if queries is None else raster_ids(queries, self.grid, self.padded)  # [Q, S]
+        self.register_buffer("query_rows", rows, persistent=False)
 
     def _inverse(self) -> Tensor:
         """``[H·W]``: where each grid token's output sits in ``cat(group outputs [Q·S], global outputs [G])``."""
@@ -100,6 +104,13 @@ class SparsePattern(nn.Module):
         if self.queries is None:
             return self.grid[0] * self.grid[1], 1
         return tuple(self.queries.shape)
+
+
+def raster_ids(ids: Tensor, grid: Grid, padded: Grid) -> Tensor:
+    """Ids into the ``padded`` grid as raster ids of ``grid`` (0 for padding tokens, which are masked or dropped)."""
+    (H, W), (_, Wp) = grid, padded
+    rows, cols = ids // Wp, ids % Wp
+    return torch.where((rows < H) & (cols < W), rows * W + cols, 0)
 
 
 # ----------------------------------------------------------------------------------- base class
@@ -238,23 +249,11 @@ class SparsePatternAttention(QKVAttention):
         return None
 
     def gathered(self, q: Tensor, k_all: Tensor, v_all: Tensor, pat: SparsePattern, group: HeadGroup) -> Tensor:
-        """Grid ``q[B, h, L, d]`` of one gathered head group over ``k_all, v_all[B, h, F + L, d]`` (F = P + g
-        front keys, then the grid) -> ``[B, h, Q, S, d]``: each block's S queries over the F front keys, the
-        global grid tokens and its K keys (padding slots point at token 0, masked) in fused calls."""
-        (Q, S), (H, W), (Hp, Wp) = pat.group_shape(), pat.grid, pat.padded
-        front = k_all.shape[2] - H * W
-        pos = torch.arange(Hp * Wp, device=q.device)
-        real = (pos // Wp < H) & (pos % Wp < W)  # [L'] padded id is a grid token
-        raster = torch.where(real, (pos // Wp) * W + pos % Wp, 0)  # [L'] its raster id (0: padding)
-        glob_grid = pat.global_grid if pat.global_grid is not None else pos[:0]
-        glob = torch.cat([torch.arange(front, device=q.device), front + glob_grid])  # [G] every query's global keys
-        keys = front + raster[group.keys]  # [.., Q, K] ids into k_all
-        valid = group.valid if group.valid is not None else real[group.keys]
+        """Grid ``q[B, h, L, d]`` of one gathered head group over its keys in ``k_all, v_all[B, h, P + g + L, d]``
+        -> ``[B, h, Q, S, d]``: each query group's S queries over its K keys, in fused calls."""
         p_drop = self.attn_drop.p if self.training else 0.0
-        keys = torch.cat([glob.expand(*keys.shape[:-1], -1), keys], dim=-1)  # [.., Q, G + K]
-        mask = global_mask(valid.unsqueeze(-2), glob.numel())  # [.., Q, 1, G + K]
-        out = block_attention(q, k_all, v_all, raster[pat.queries], keys, mask, self.scale, p_drop)  # [B, h, Q·S, d]
-        return out.unflatten(2, (Q, S))
+        out = block_attention(q, k_all, v_all, pat.query_rows, group.keys, group.mask, self.scale, p_drop)  # [B, h, Q·S, d]
+        return out.unflatten(2, pat.group_shape())
 
     def attend_flops(self, grid: Grid) -> int:
         """Analytic MACs of the pattern, for every ``attention.impl`` (FlexAttention skips fully masked
@@ -277,8 +276,8 @@ class SparsePatternAttention(QKVAttention):
                 # dense heads: every grid query over every key, QKᵀ and AV
                 flops += sdpa_flops(1, group.heads, Q * S, n_keys, d)
             else:
-                # QKᵀ and AV of Q·S queries over K gathered keys plus the global keys, per head
-                flops += 2 * group.heads * Q * S * (group.keys.shape[-1] + n_glob) * d
+                # QKᵀ and AV of Q·S queries over their K gathered keys (the global keys among them), per head
+                flops += 2 * group.heads * Q * S * group.keys.shape[-1] * d
         return flops
 
     def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
