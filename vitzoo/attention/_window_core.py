@@ -29,8 +29,9 @@ def core_applies(qkv: Tensor, p_drop: float) -> bool:
 
 
 # Scores per block of windows and CPU thread (1 MB in float32): the block's scores, probabilities and
-# their gradients stay in cache. Smaller blocks lower the layer's peak (64x64 tokens, 8x8 windows:
-# 110 MB here, 104 MB at 1 << 16) but made a swin_cifar training step 5-15% slower (4x4 windows).
+# their gradients stay in cache. Backward takes half as many windows per block (it holds q, k, v, dO and two
+# score tensors): the layer's live peak (64x64 tokens, 8x8 windows) is 85 MB, 89 MB with full blocks.
+# Much smaller blocks (1 << 16) made a swin_cifar training step 5-15% slower (4x4 windows).
 SCORE_ELEMENTS = 1 << 18
 
 
