@@ -230,7 +230,7 @@ def test_cli_table(cli, capsys):
     assert cli.main(["model=swin_cifar", "attention=window", "depth=3", "model.depths=[2,1]",
                      "model.num_heads=[2,4]"]) == 0
     out = capsys.readouterr().out
-    assert "stages.0.blocks.1" in out and "4NC² + 2M²NC" in out and "difference 0 MACs" in out
+    assert "stages.0.blocks.1" in out and "4NC² + 2nW·T²C" in out and "difference 0 MACs" in out
 
 
 def test_cli_bad_input_says_why(cli, capsys):
@@ -259,7 +259,7 @@ def test_cli_all_writes_markdown_and_csv(cli, tmp_path, capsys):
 def test_cli_formulas_prints_each_backends_formula(cli, capsys):
     assert cli.main(["--formulas", "attentions=global,window"]) == 0
     out = capsys.readouterr().out
-    assert "| `window` | `4NC² + 2M²NC" in out and out.count("= flops()") == 2
+    assert "| `window` | `4NC² + 2nW·T²C`" in out and out.count("= flops()") == 2
 
 
 def test_cli_scaling_writes_table_and_plot(cli, tmp_path, capsys):

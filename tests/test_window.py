@@ -146,21 +146,30 @@ def test_output_equals_dense_oracle(grid, prefix, shifted):
 
 
 @pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_block", "blocks"])
-@pytest.mark.parametrize("masked", [False, True], ids=["bias", "bias_and_mask"])
+@pytest.mark.parametrize("masked", [False, True], ids=["bias", "bias_mask_padding_prefix"])
 def test_window_core_gradcheck(chunk, masked, monkeypatch):
-    """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64)."""
+    """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64). The
+    windows read shuffled tokens; with the mask also padding slots (masked as keys) and a prefix token."""
     from vitzoo.attention import _window_core
 
     monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
     torch.manual_seed(0)
-    R, T, h, d, nw = 6, 5, 2, 3, 3
-    qkv = torch.randn(R, T, 3 * h * d, dtype=torch.float64, requires_grad=True)
+    B, h, d, nw, m2 = 2, 2, 3, 3, 4
+    prefix, padding = (1, 2) if masked else (0, 0)
+    n = nw * m2 - padding  # grid tokens
+    slots = torch.full((nw * m2,), -1)
+    slots[torch.randperm(nw * m2)[:n]] = prefix + torch.arange(n)
+    index = torch.cat([torch.arange(prefix).expand(nw, prefix), slots.view(nw, m2)], dim=1)  # [nW, T]
+    T = prefix + m2
+    qkv = torch.randn(B, prefix + n, 3 * h * d, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(h, T, T, dtype=torch.float64, requires_grad=True)
     mask = None
     if masked:
-        mask = torch.zeros(nw, T, T, dtype=torch.float64).masked_fill(torch.rand(nw, T, T) < 0.4, float("-inf"))
+        blocked = (torch.rand(nw, T, T) < 0.4) | (index < 0)[:, None, :]  # padding slots are never keys
+        mask = torch.zeros(nw, T, T, dtype=torch.float64).masked_fill(blocked, float("-inf"))
         mask.diagonal(dim1=1, dim2=2).zero_()  # no all-masked row
-    assert torch.autograd.gradcheck(lambda a, b: _window_core.WindowCore.apply(a, b, mask, h, d ** -0.5), (qkv, bias))
+    core = _window_core.WindowCore.apply
+    assert torch.autograd.gradcheck(lambda a, b: core(a, index, prefix, b, mask, h, d ** -0.5), (qkv, bias))
 
 
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])

@@ -2,10 +2,11 @@
 
 SDPA with the learned relative position bias as its mask takes the math kernel on the CPU (only it
 gives the mask a gradient), which stores the ``[B·nW, h, T, T]`` probabilities and contiguous copies of
-q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B·nW, T, 3C]`` of the window tokens and
-returns merged heads ``[B·nW, T, C]``; it saves only ``qkv``, the bias and the log-sum-exp
-``[B·nW, h, T]``, recomputes the probabilities in backward and writes the q/k/v gradients into one
-``[B·nW, T, 3C]`` buffer. Both passes work through blocks of windows whose scores stay cache-sized
+q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B, N, 3C]`` of the tokens in their order
+(so the projection saves its input, not a partitioned copy) and the window index, and returns merged heads
+``[B, N, C]`` in token order (what the output projection takes); it saves only ``qkv``, the bias and the
+log-sum-exp ``[B·nW, h, T]``, recomputes the probabilities in backward and adds the q/k/v gradients into
+one ``[B, N, 3C]`` buffer. Both passes work through blocks of windows whose scores stay cache-sized
 (:data:`SCORE_ELEMENTS`). Autocast is off inside: the matmuls take q, k, v in
 their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
 log-sum-exp are float32 (float64 stays float64); gradients come back in the inputs' dtypes.
@@ -28,8 +29,9 @@ def core_applies(qkv: Tensor, p_drop: float) -> bool:
 
 
 # Scores per block of windows and CPU thread (1 MB in float32): the block's scores, probabilities and
-# their gradients stay in cache. Smaller blocks lower the layer's peak (64x64 tokens, 8x8 windows:
-# 110 MB here, 104 MB at 1 << 16) but made a swin_cifar training step 5-15% slower (4x4 windows).
+# their gradients stay in cache. Backward takes half as many windows per block (it holds q, k, v, dO and two
+# score tensors): the layer's live peak (64x64 tokens, 8x8 windows) is 85 MB, 89 MB with full blocks.
+# Much smaller blocks (1 << 16) made a swin_cifar training step 5-15% slower (4x4 windows).
 SCORE_ELEMENTS = 1 << 18
 
 
@@ -45,10 +47,50 @@ def _heads(t: Tensor) -> Tensor:
     return t.transpose(1, 2).reshape(r * h, T, d)
 
 
+def _gather_heads(flat: Tensor, rows: Tensor, r: int, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v ``[r·h, T, d]`` of the slots reading rows ``rows[r·T]`` of ``flat[B·N, 3C]`` (one gathered copy,
+    freed on return, then one copy each)."""
+    parts = flat.index_select(0, rows).view(r, -1, 3, heads, flat.shape[1] // (3 * heads))  # [r, T, 3, h, d]
+    return tuple(_heads(parts[:, :, i]) for i in range(3))
+
+
 def _put(dst: Tensor, src: Tensor) -> None:
     """Writes heads ``src[r·h, T, d]`` into the merged-heads view ``dst[r, T, h, d]`` (casting to its dtype)."""
     r, T, h, d = dst.shape
     dst.copy_(src.view(r, h, T, d).transpose(1, 2))
+
+
+def _slot_rows(index: Tensor, images: int, tokens: int, prefix: int) -> tuple[Tensor, Tensor]:
+    """Where the slots of the ``B·nW`` windows (rows ``b·nW + w``) read and write in the flattened tokens ``[B·N, ·]``.
+
+    Returns:
+        ``read[B·nW, T]``: the row each slot reads (padding: its image's token 0); ``write[B·nW, T]``: the row
+        its output goes to (prefix and padding slots: the spare row ``B·N``).
+    """
+    offset = torch.arange(images, device=index.device)[:, None, None] * tokens  # [B, 1, 1]
+    read = (offset + index.clamp(min=0)).flatten(0, 1)
+    return read, torch.where((index >= prefix).repeat(images, 1), read, images * tokens)
+
+
+def _copy_rows(dst: Tensor, rows: Tensor, src: Tensor) -> None:
+    """``dst[rows] = src`` for contiguous ``dst[n, k]`` and ``src[m, k]``; rows a whole number of 16 bytes long
+    are copied as complex128 elements (index_copy_ goes element by element: 2-4x faster on the CPU)."""
+    if dst.shape[1] * dst.element_size() % 16 == 0:
+        dst, src = dst.view(torch.complex128), src.view(torch.complex128)
+    dst.index_copy_(0, rows, src)
+
+
+def _images(windows: slice, nw: int) -> Tensor:
+    """The image of each row ``b·nW + w`` in ``windows``."""
+    return torch.arange(windows.start, windows.stop) // nw
+
+
+def _grad_weights(index: Tensor, prefix: int, dtype: torch.dtype) -> Tensor:
+    """``[nW, T]`` share of each slot in its token's output: 1, 1/nW for the P prefix slots (the output is the
+    mean over the windows), 0 for padding (dropped)."""
+    weight = (index >= 0).to(dtype)
+    weight[:, :prefix] = 1 / index.shape[0]
+    return weight
 
 
 def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows: slice, scale: float,
@@ -68,49 +110,89 @@ def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows:
 
 
 class WindowCore(torch.autograd.Function):
-    """``qkv[R, T, 3C]`` (q|k|v side by side, heads inside each), ``bias[h, T, T]``, ``mask[nW, T, T]`` or
-    None (window ``r % nW`` of row r; constant) -> ``[R, T, C]`` merged heads, with the bias' gradient."""
+    """``qkv[B, N, 3C]`` (tokens in order; q|k|v side by side, heads inside each), ``index[nW, T]`` (the token
+    each window slot reads: the P prefix tokens first, then grid tokens or -1 for padding; constant), ``prefix``
+    (P), ``bias[h, T, T]``, ``mask[nW, T, T]`` or None (window ``r % nW`` of row r; constant; it must mask padding
+    slots as keys) -> merged heads ``[B, N, C]`` in token order (a prefix token gets the mean of its outputs over
+    the windows), with the bias' gradient. Each block of windows gathers its q|k|v rows (again in backward) and
+    copies its outputs (q/k/v gradients) into the token rows; prefix slots are summed per image."""
 
     @staticmethod
-    def forward(ctx: Any, qkv: Tensor, bias: Tensor, mask: Optional[Tensor], heads: int, scale: float) -> Tensor:
-        R, T, C3 = qkv.shape
-        d = C3 // (3 * heads)
+    def forward(ctx: Any, qkv: Tensor, index: Tensor, prefix: int, bias: Tensor, mask: Optional[Tensor], heads: int,
+                scale: float) -> Tensor:
+        B, N, C3 = qkv.shape
+        nw, T = index.shape
         dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-        parts = qkv.view(R, T, 3, heads, d)
-        out = qkv.new_empty(R, T, heads, d)
-        lse = torch.empty(R * heads, T, 1, dtype=dtype, device=qkv.device)
+        flat = qkv.view(B * N, C3)
+        out = qkv.new_empty(B * N + 1, C3 // 3)  # the last row takes the prefix and padding slots' outputs
+        prefix_sum = qkv.new_zeros(B, prefix, C3 // 3)
+        lse = torch.empty(B * nw * heads, T, 1, dtype=dtype, device=qkv.device)
+        read, write = _slot_rows(index, B, N, prefix)
         with torch.autocast(qkv.device.type, enabled=False):
-            for win in _blocks(R, heads * T * T):
-                q, k, v = (_heads(parts[win, :, i]) for i in range(3))  # [r·h, T, d]
+            for win in _blocks(B * nw, heads * T * T):
+                q, k, v = _gather_heads(flat, read[win].flatten(), win.stop - win.start, heads)  # [r·h, T, d]
                 s = _scores(q, k, bias, mask, win, scale, dtype)
-                rows = slice(win.start * heads, win.stop * heads)
-                torch.logsumexp(s, -1, keepdim=True, out=lse[rows])
-                _put(out[win], torch.bmm(s.sub_(lse[rows]).exp_().to(v.dtype), v))  # softmax, then AV: T·T·d
-        ctx.save_for_backward(qkv, bias, mask, lse)
-        ctx.heads, ctx.scale = heads, scale
-        return out.view(R, T, heads * d)
+                lse_win = lse[win.start * heads:win.stop * heads]
+                torch.logsumexp(s, -1, keepdim=True, out=lse_win)
+                o = torch.bmm(s.sub_(lse_win).exp_().to(v.dtype), v)  # softmax, then AV: T·T·d
+                o = o.view(-1, heads, T, o.shape[-1]).transpose(1, 2).reshape(-1, T, C3 // 3)  # [r, T, C]
+                _copy_rows(out, write[win].flatten(), o.view(-1, C3 // 3))
+                if prefix:
+                    prefix_sum.index_add_(0, _images(win, nw), o[:, :prefix])
+        ctx.save_for_backward(qkv, index, bias, mask, lse)
+        ctx.prefix, ctx.heads, ctx.scale = prefix, heads, scale
+        tokens = out[:B * N].view(B, N, C3 // 3)
+        tokens[:, :prefix] = prefix_sum / nw
+        return tokens
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        qkv, bias, mask, lse = ctx.saved_tensors
-        heads, scale = ctx.heads, ctx.scale
-        R, T, C3 = qkv.shape
-        d = C3 // (3 * heads)
-        parts, grad = qkv.view(R, T, 3, heads, d), grad.view(R, T, heads, d)
-        d_qkv = torch.empty_like(qkv)
-        d_parts = d_qkv.view(R, T, 3, heads, d)
+        qkv, index, bias, mask, lse = ctx.saved_tensors
+        B, N, C3 = qkv.shape
+        nw, T = index.shape
+        flat, weight = qkv.view(B * N, C3), _grad_weights(index, ctx.prefix, grad.dtype).repeat(B, 1)
+        read, write = _slot_rows(index, B, N, ctx.prefix)
+        grad = grad.reshape(B * N, C3 // 3)
+        d_qkv = qkv.new_empty(B * N + 1, C3)  # the last row takes the prefix and padding slots' gradients
+        d_prefix = qkv.new_zeros(B, ctx.prefix, C3)
         d_bias = torch.zeros(bias.shape, dtype=lse.dtype, device=bias.device)
         with torch.autocast(qkv.device.type, enabled=False):
-            for win in _blocks(R, heads * T * T):
-                q, k, v = (_heads(parts[win, :, i]) for i in range(3))  # [r·h, T, d]
-                d_o = _heads(grad[win])
-                p = _scores(q, k, bias, mask, win, scale, lse.dtype)
-                p = p.sub_(lse[win.start * heads:win.stop * heads]).exp_()  # probabilities, recomputed
-                d_s = p * torch.bmm(d_o, v.transpose(1, 2))
-                d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1)  # dS = P ⊙ (dP - rowsum(P ⊙ dP)), dP = dO Vᵀ
-                d_bias += d_s.view(-1, heads, T, T).sum(0)
-                _put(d_parts[win, :, 2], torch.bmm(p.to(v.dtype).transpose(1, 2), d_o))  # dV = Pᵀ dO
-                d_s = d_s.mul_(scale).to(q.dtype)
-                _put(d_parts[win, :, 0], torch.bmm(d_s, k))  # dQ = dS K·scale
-                _put(d_parts[win, :, 1], torch.bmm(d_s.transpose(1, 2), q))  # dK = dSᵀ Q·scale
-        return d_qkv, d_bias.to(bias.dtype), None, None, None
+            for win in _blocks(B * nw, 2 * ctx.heads * T * T):  # half the forward's windows: a lower peak
+                d_parts = _block_backward(flat, grad, read[win].flatten(), weight[win], win, bias, mask, lse, ctx.heads,
+                                          ctx.scale, d_bias)  # [r, T, 3C]
+                _copy_rows(d_qkv, write[win].flatten(), d_parts.view(-1, C3))
+                if ctx.prefix:
+                    d_prefix.index_add_(0, _images(win, nw), d_parts[:, :ctx.prefix])
+                del d_parts  # before the next block's temporaries
+        d_tokens = d_qkv[:B * N].view(B, N, C3)
+        d_tokens[:, :ctx.prefix] = d_prefix
+        return d_tokens, None, None, d_bias.to(bias.dtype), None, None, None
+
+
+def _block_backward(flat: Tensor, grad: Tensor, read: Tensor, weight: Tensor, win: slice, bias: Tensor,
+                    mask: Optional[Tensor], lse: Tensor, heads: int, scale: float, d_bias: Tensor) -> Tensor:
+    """The q|k|v gradients ``[r, T, 3C]`` of the slots of windows ``win`` (adds the bias gradient to ``d_bias``).
+
+    Args:
+        flat: ``qkv[B·N, 3C]``. grad: output gradient ``[B·N, C]``. read: :func:`_slot_rows`' read rows ``[r·T]``.
+        weight: the slots' :func:`_grad_weights` ``[r, T]``. bias, mask, lse, heads, scale: as in forward.
+    """
+    (r, T), C3 = weight.shape, flat.shape[1]
+    q, k, v = _gather_heads(flat, read, r, heads)  # [r·h, T, d]
+    d_o = _heads(grad.index_select(0, read).view(r, T, heads, -1).mul_(weight[:, :, None, None]))
+    p = _scores(q, k, bias, mask, win, scale, lse.dtype)
+    p = p.sub_(lse[win.start * heads:win.stop * heads]).exp_()  # probabilities, recomputed
+    d_s = torch.bmm(d_o, v.transpose(1, 2)).to(p.dtype).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
+    del v
+    d_v = torch.bmm(p.to(d_o.dtype).transpose(1, 2), d_o)  # dV = Pᵀ dO
+    del d_o
+    d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
+    del p
+    d_bias += d_s.view(-1, heads, T, T).sum(0)
+    d_s = d_s.mul_(scale).to(q.dtype)
+    d_parts = flat.new_empty(r, T, 3, heads, C3 // (3 * heads))
+    _put(d_parts[:, :, 2], d_v)
+    del d_v
+    _put(d_parts[:, :, 0], torch.bmm(d_s, k))  # dQ = dS K·scale
+    _put(d_parts[:, :, 1], torch.bmm(d_s.transpose(1, 2), q))  # dK = dSᵀ Q·scale
+    return d_parts.view(r, T, C3)

@@ -6,9 +6,9 @@ attention (Li et al., https://arxiv.org/abs/2203.16527).
 
 Like every mixer it is called as ``attn(x[B, P + H·W, C], grid)`` and owns its geometry:
 
-* Padding: a grid the window does not divide is padded at the bottom/right with zero tokens;
-  padded tokens are masked out as keys (unlike the original Swin code, which lets real tokens
-  attend to them) and cropped from the output.
+* Padding: a grid the window does not divide is padded at the bottom/right; padding slots are
+  masked out as keys (unlike the original Swin code, which lets real tokens attend to zero tokens
+  there) and cropped from the output, so what they hold does not matter.
 * Shift: a block built with ``MixerContext.shifted`` (Swin's odd blocks) rolls the padded grid by
   ``-M//2`` and masks pairs of tokens from different regions of the un-rolled image, as Swin does.
 * Prefix tokens (ViT's class token) join every window as extra queries and keys; their outputs are
@@ -67,26 +67,26 @@ def window_partition(x: Tensor, window: int) -> Tensor:
 
 def window_index(grid: Grid, window: int, shift: int, num_prefix: int,
                  device: Optional[torch.device] = None) -> tuple[Tensor, Tensor]:
-    """Where the window slots read their tokens and where each token's output lies (pad, roll and partition in one).
+    """Which token each window slot reads and where each token's output lies (pad, roll and partition in one).
 
     Returns:
-        ``gather[nW·M²]``: the raster id (into the ``H·W`` grid tokens) of each window slot of the
-        padded map rolled by ``-shift``; padding slots read token 0 (they are masked as keys and their
-        outputs are dropped). ``scatter[H·W]``: each grid token's slot in the windows' output
-        ``[nW·(P + M²)]`` (each window's P prefix slots first).
+        ``gather[nW, P + M²]``: the token (into the ``P + H·W`` tokens) each slot of the windows of the padded
+        map rolled by ``-shift`` reads: each window's P prefix slots first (tokens 0..P-1), then its M² grid
+        slots; padding slots hold -1 (they are masked as keys and their outputs are dropped).
+        ``scatter[H·W]``: each grid token's slot in the windows' flattened slots ``[nW·(P + M²)]``.
     """
     H, W = grid
     hp, wp = padded_grid(grid, window)
     r = (torch.arange(hp, device=device) + shift) % hp  # padded-map row at each rolled row
     c = (torch.arange(wp, device=device) + shift) % wp
     real = (r[:, None] < H) & (c[None, :] < W)  # [Hp, Wp]
-    token = torch.where(real, r[:, None] * W + c[None, :], 0)  # [Hp, Wp] raster id (padding: 0)
-    gather = window_partition(token[None, :, :, None], window).flatten()  # [nW·M²]
-    real = window_partition(real[None, :, :, None], window).flatten()
-    slot = torch.arange(gather.numel(), device=device)
-    slot = slot + num_prefix * (slot // window ** 2 + 1)  # skip each window's prefix slots
+    token = torch.where(real, num_prefix + r[:, None] * W + c[None, :], -1)  # [Hp, Wp] (padding: -1)
+    gather = window_partition(token[None, :, :, None], window).squeeze(-1)  # [nW, M²]
+    prefix = torch.arange(num_prefix, device=device).expand(gather.shape[0], -1)  # [nW, P]
+    gather = torch.cat([prefix, gather], dim=1)  # [nW, P + M²]
+    grid_slot = gather.flatten() >= num_prefix
     scatter = torch.empty(H * W, dtype=torch.long, device=device)
-    scatter[gather[real]] = slot[real]
+    scatter[gather.flatten()[grid_slot] - num_prefix] = torch.arange(gather.numel(), device=device)[grid_slot]
     return gather, scatter
 
 
@@ -132,9 +132,10 @@ def relative_position_index(window: int) -> Tensor:
 @register_attention("window", WindowConfig)
 class WindowAttention(QKVAttention):
     """W-MSA over windows of M×M tokens (SW-MSA when the block is built ``shifted``); cost: :attr:`formula`
-    (with P prefix tokens joining each of the nW windows, T = P + M² tokens per window)."""
+    (projections of the N = P + H·W tokens; P prefix tokens join each of the nW windows, T = P + M² tokens
+    per window)."""
 
-    formula = "4NC² + 2M²NC + nW·(4PC² + 4PM²C + 2P²C)"
+    formula = "4NC² + 2nW·T²C"
     family = "window"
     takes_bias = True
     linear_cost = True
@@ -154,7 +155,7 @@ class WindowAttention(QKVAttention):
         self.register_buffer("relative_position_index", relative_position_index(M), persistent=False)
         self.register_buffer("attn_mask", self.build_mask(self.grid), persistent=False)  # [nW, T, T] or None
         gather, scatter = self.build_index(self.grid)
-        self.register_buffer("gather_index", gather, persistent=False)  # [nW·M²]
+        self.register_buffer("gather_index", gather, persistent=False)  # [nW, P + M²]
         self.register_buffer("scatter_index", scatter, persistent=False)  # [H·W]
 
     def shift_size(self, grid: Grid) -> int:
@@ -166,7 +167,7 @@ class WindowAttention(QKVAttention):
         return window_mask(tuple(grid), self.window_size, self.shift_size(grid), self.num_prefix, device)
 
     def build_index(self, grid: Grid, device: Optional[torch.device] = None) -> tuple[Tensor, Tensor]:
-        """:func:`window_index` at ``grid``: the slots' token ids ``[nW·M²]`` and the tokens' slots ``[H·W]``."""
+        """:func:`window_index` at ``grid``: the slots' tokens ``[nW, P + M²]`` and the grid tokens' slots ``[H·W]``."""
         return window_index(tuple(grid), self.window_size, self.shift_size(grid), self.num_prefix, device)
 
     def position_bias(self) -> Tensor:
@@ -177,47 +178,55 @@ class WindowAttention(QKVAttention):
         return F.pad(bias, (self.num_prefix, 0, self.num_prefix, 0))
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
-        """Args: x: ``[B, P + H·W, C]`` (prefix tokens first); grid: (H, W). Returns ``[B, P + H·W, C]``."""
-        B, _, C = x.shape
-        M, P = self.window_size, self.num_prefix
+        """Args: x: ``[B, P + H·W, C]`` (prefix tokens first); grid: (H, W). Returns ``[B, P + H·W, C]``.
+
+        The q/k/v projection takes the tokens in their order (it saves ``x`` itself for its weight
+        gradient) and the output projection the windows' outputs back in token order. Training on the
+        CPU without attention dropout runs :class:`~vitzoo.attention._window_core.WindowCore`, which gathers
+        the windows' q/k/v block by block; elsewhere :meth:`attend_windows` does it with SDPA.
+        """
         own = tuple(grid) == self.grid
         mask = self.attn_mask if own else self.build_mask(grid, x.device)
         gather, scatter = (self.gather_index, self.scatter_index) if own else self.build_index(grid, x.device)
-        windows = x[:, P:].index_select(1, gather).view(-1, M * M, C)  # pad, roll, partition: [B·nW, M², C]
-        nw = windows.shape[0] // B
-        if P:
-            prefix = x[:, None, :P].expand(B, nw, P, C).reshape(B * nw, P, C)  # [B·nW, P, C]
-            windows = torch.cat([prefix, windows], dim=1)  # [B·nW, P + M², C]
-        out = self.attend_windows(windows, mask)  # [B·nW, P + M², C]
-        tokens = out.view(B, -1, C).index_select(1, scatter)  # un-roll, crop: [B, H·W, C]
-        if not P:
-            return tokens
-        prefix_out = out.view(B, nw, -1, C)[:, :, :P].mean(dim=1)  # [B, P, C]
-        return torch.cat([prefix_out, tokens], dim=1)
-
-    def attend_windows(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
-        """Window tokens ``x[B·nW, T, C]`` -> ``[B·nW, T, C]`` with the bias (and ``mask[nW, T, T]``).
-
-        Training on the CPU without attention dropout runs :class:`~vitzoo.attention._window_core.WindowCore`
-        (probabilities recomputed in backward). Elsewhere SDPA always gets 4-D q/k/v and a 4-D mask (5-D
-        inputs or a 3-D mask send it to its slow math path on CPU). With a mask, the windows are folded
-        into the head axis, q/k/v ``[B, nW·h, T, d]``, so the ``[1, nW·h, T, T]`` bias+mask broadcasts over
-        images instead of being copied B times.
-        """
-        qkv = self.qkv(x)  # [B·nW, T, 3C]
+        qkv = self.qkv(x)  # [B, N, 3C]
         bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
         if core_applies(qkv, p):
-            return self.proj_drop(self.proj(WindowCore.apply(qkv, bias, mask, self.num_heads, self.scale)))
-        q, k, v = self.to_heads(qkv, 3)  # [B·nW, h, T, d]
+            out = WindowCore.apply(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale)  # [B, N, C]
+        else:
+            out = self.attend_windows(qkv, gather, scatter, bias, mask, p)
+        return self.proj_drop(self.proj(out))
+
+    def attend_windows(self, qkv: Tensor, gather: Tensor, scatter: Tensor, bias: Tensor, mask: Optional[Tensor],
+                       p: float) -> Tensor:
+        """Window attention with SDPA: ``qkv[B, N, 3C]`` -> merged heads ``[B, N, C]`` in token order.
+
+        Args:
+            qkv: the tokens' fused projection. gather, scatter: :meth:`build_index`'s indices. bias: ``[h, T, T]``.
+            mask: ``[nW, T, T]`` or None. p: attention dropout.
+
+        SDPA always gets 4-D q/k/v and a 4-D mask (5-D inputs or a 3-D mask send it to its slow math path on
+        CPU). With a mask, the windows are folded into the head axis, q/k/v ``[B, nW·h, T, d]``, so the
+        ``[1, nW·h, T, T]`` bias+mask broadcasts over images instead of being copied B times.
+        """
+        B, _, C3 = qkv.shape
+        (nw, t), P = gather.shape, self.num_prefix
+        windows = qkv.index_select(1, gather.clamp(min=0).flatten()).view(B * nw, t, C3)  # pad, roll, partition
+        q, k, v = self.to_heads(windows, 3)  # [B·nW, h, T, d]
         bias = bias.to(q.dtype)
         if mask is None:
-            return self.merge_heads(sdpa(q, k, v, attn_mask=bias[None], dropout_p=p))  # bias [1, h, T, T]
-        nw, (_, h, t, d) = mask.shape[0], q.shape
-        q, k, v = (z.reshape(-1, nw * h, t, d) for z in (q, k, v))  # [B, nW·h, T, d]
-        bias = (bias[None] + mask[:, None].to(q.dtype)).reshape(1, nw * h, t, t)  # [1, nW·h, T, T]
-        o = sdpa(q, k, v, attn_mask=bias, dropout_p=p)  # [B, nW·h, T, d]
-        return self.merge_heads(o.reshape(-1, h, t, d))  # [B·nW, h, T, d] -> [B·nW, T, C]
+            o = sdpa(q, k, v, attn_mask=bias[None], dropout_p=p)  # bias [1, h, T, T]
+        else:
+            h, d = q.shape[1], q.shape[3]
+            q, k, v = (z.reshape(B, nw * h, t, d) for z in (q, k, v))  # [B, nW·h, T, d]
+            bias = (bias[None] + mask[:, None].to(q.dtype)).reshape(1, nw * h, t, t)  # [1, nW·h, T, T]
+            o = sdpa(q, k, v, attn_mask=bias, dropout_p=p).reshape(B * nw, h, t, d)  # [B·nW, h, T, d]
+        o = o.transpose(1, 2).reshape(B, nw * t, -1)  # [B, nW·T, C]
+        tokens = o.index_select(1, scatter)  # un-roll, crop: [B, H·W, C]
+        if not P:
+            return tokens
+        prefix_out = o.view(B, nw, t, -1)[:, :, :P].mean(dim=1)  # [B, P, C]
+        return torch.cat([prefix_out, tokens], dim=1)
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Dense ``softmax(QKᵀ/√d + B)V`` over all ``P + H·W`` tokens, its allowed pairs derived from
@@ -244,17 +253,16 @@ class WindowAttention(QKVAttention):
         return self.merge_heads(out)
 
     def flops(self, grid: Optional[Grid] = None) -> int:
-        """MACs for one image whose token grid is ``grid`` (partitioned into nW windows)."""
+        """MACs for one image whose token grid is ``grid`` (partitioned into nW windows of T = P + M² slots)."""
         grid = grid or self.grid
         nw = num_windows(grid, self.window_size)
         t = self.num_prefix + self.window_size ** 2  # tokens per window
-        # qkv (3TC²) and output projection (TC²) per window
-        proj = self.projection_flops(t)
+        # qkv (3NC²) and output projection (NC²) of the N = P + H·W tokens
+        proj = self.projection_flops(self.seq_len(grid))
         # QKᵀ: T·T·d per head and AV: T·T·d per head -> 2T²C per window
-        attn = 2 * t * t * self.dim
-        return nw * (proj + attn)
+        return proj + nw * 2 * t * t * self.dim
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
-        hp, wp = padded_grid(grid or self.grid, self.window_size)
-        nw = (hp // self.window_size) * (wp // self.window_size)
-        return {"N": hp * wp, "C": self.dim, "h": self.num_heads, "M": self.window_size, "P": self.num_prefix, "nW": nw}
+        grid = grid or self.grid
+        return {"N": self.seq_len(grid), "C": self.dim, "h": self.num_heads, "M": self.window_size,
+                "P": self.num_prefix, "nW": num_windows(grid, self.window_size), "T": self.num_prefix + self.window_size ** 2}
