@@ -405,3 +405,24 @@ def test_time_fns_fixed_calls_per_block_alternate():
     timings = time_fns(fns, torch.device("cpu"), warmup=2, repeats=2, max_time=0, iters=3)
     assert [t.iters for t in timings.values()] == [3, 3] and [len(t.seconds) for t in timings.values()] == [2, 2]
     assert "".join(calls) == "aabb" + "aaa" + "bbb" + "bbb" + "aaa"
+
+
+def test_cpu_model_names_family_and_vector_isa():
+    """"AMD EPYC" alone covers Zen 2 (AVX2) to Zen 4 (AVX512-BF16): environment.json names the ISA torch uses."""
+    from vitzoo.bench.environment import cpu_model
+
+    name = cpu_model()
+    assert f"{torch.backends.cpu.get_cpu_capability()}" in name and name.endswith(")")
+    if Path("/proc/cpuinfo").exists() and "cpu family" in Path("/proc/cpuinfo").read_text():
+        assert "family " in name and " model " in name
+
+
+def test_ab_kernel_core_compares_a_revision_with_the_working_tree():
+    """scripts/ab_kernel_core.py runs both versions of the core on the same input (tiny size, two blocks)."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_kernel_core.py"), "--kind", "exp", "--tokens", "64",
+                          "--features", "16", "--rev", "HEAD", "--blocks", "2"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "max |A - B|: output" in out.stdout and "B faster by" in out.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_kernel_core.py"), "--rev", "no-such-revision"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "pass --rev a revision of this repository" in bad.stderr

@@ -20,14 +20,23 @@ REFERENCE_PACKAGES = ("performer_pytorch", "linformer", "natten")
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what :mod:`platform` knows."""
+    """The CPU's model name (``/proc/cpuinfo``, or what :mod:`platform` knows) with its family/model numbers
+    and the vector ISA torch uses, e.g. ``AMD EPYC (family 23 model 49, AVX2)``: virtual machines often show
+    only "AMD EPYC", which covers CPUs from Zen 2 (AVX2, bf16 emulated) to Zen 4 (AVX512-BF16)."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = info.get("model name") or platform.processor() or platform.machine()
+    isa = torch.backends.cpu.get_cpu_capability()
+    flags = info.get("flags", "").split()
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        isa += "-BF16"
+    ids = f"family {info['cpu family']} model {info['model']}, " if "cpu family" in info and "model" in info else ""
+    return f"{name} ({ids}{isa})"
 
 
 def git_commit() -> Optional[str]:

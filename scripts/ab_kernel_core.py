@@ -1,0 +1,91 @@
+"""A/B timing of the kernel-attention core (performer, rfa, linear): a git revision's
+``vitzoo/attention/_kernel_core.py`` against the working tree's, in alternating blocks in one process.
+
+One (image, head)-chunked forward + backward of ``kernel_attention_qkv`` on ``qkv[B, N, 3C]`` (C = 128,
+4 heads, batch 4 by default), as the layer benchmark runs it, with the benchmark's steady malloc
+thresholds. Prints both versions' largest output/gradient difference and the median time of each,
+and the ratio per block pair (the machine's drift cancels in a ratio measured this way).
+
+    python scripts/ab_kernel_core.py --kind exp --tokens 4096 --rev HEAD~1
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from vitzoo.bench.memory import _malloc_live
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = "vitzoo/attention/_kernel_core.py"
+
+
+def load(path: Path, name: str) -> ModuleType:
+    """Imports the file at ``path`` as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kind", choices=["exp", "fourier", "elu"], default="exp", help="feature map (performer, rfa, linear)")
+    p.add_argument("--tokens", type=int, default=4096, help="sequence length N")
+    p.add_argument("--features", type=int, default=256, help="random features m (exp, fourier)")
+    p.add_argument("--rev", default="HEAD", help="git revision of the A side")
+    p.add_argument("--blocks", type=int, default=6, help="timed blocks per side (alternating)")
+    args = p.parse_args()
+    _malloc_live(False)  # the benchmark's steady thresholds: freed tensors stay in the heap
+    src = subprocess.run(["git", "show", f"{args.rev}:{CORE}"], cwd=ROOT, capture_output=True, text=True)
+    if src.returncode:
+        sys.exit(f"git show {args.rev}:{CORE} failed: {src.stderr.strip()} (pass --rev a revision of this repository)")
+    old_path = Path(f"/tmp/vitzoo_kernel_core_{args.rev.replace('/', '_')}.py")
+    old_path.write_text(src.stdout)
+    a, b = load(old_path, "core_a"), load(ROOT / CORE, "core_b")
+
+    torch.manual_seed(0)
+    B, h, d, m, N = 4, 4, 32, args.features, args.tokens
+    qkv = (0.5 * torch.randn(B, N, 3 * h * d)).requires_grad_()
+    omega = {"exp": torch.randn(m, d), "fourier": torch.randn(h, m // 2, d), "elu": None}[args.kind]
+    scale = torch.rand(h, 1, d) + 0.5 if args.kind == "fourier" else None
+    eps = {"exp": 1e-6, "fourier": 1e-3, "elu": None}[args.kind]
+    factor = 2 / m if args.kind == "fourier" else 1.0
+    grad = torch.randn(B, N, h * d)
+
+    def step(core: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
+        qkv.grad = None
+        out = core.kernel_attention_qkv(args.kind, qkv, h, omega, scale, eps, factor)
+        out.backward(grad)
+        return out.detach(), qkv.grad
+
+    (ya, ga), (yb, gb) = (tuple(t.clone() for t in step(core)) for core in (a, b))
+    print(f"max |A - B|: output {(ya - yb).abs().max().item():.3g}, qkv gradient {(ga - gb).abs().max().item():.3g}")
+
+    def block(core: ModuleType, steps: int = 4) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(core)
+        return (time.perf_counter() - start) / steps
+
+    for core in (a, b):
+        block(core, 2)  # warm-up
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    for i in range(args.blocks):
+        for name, core in ((("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a))):  # ABBA
+            times[name].append(block(core))
+    ta, tb = statistics.median(times["a"]), statistics.median(times["b"])
+    pairs = [round(x / y, 3) for x, y in zip(times["a"], times["b"])]
+    print(f"{args.kind} N={N} m={m}: A ({args.rev}) {ta * 1e3:.1f} ms, B (working tree) {tb * 1e3:.1f} ms, "
+          f"B faster by {ta / tb:.3f}x (per block pair {pairs})")
+
+
+if __name__ == "__main__":
+    main()
