@@ -151,14 +151,50 @@ def _add_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
         dst.view(B, c * L, d).index_add_(1, _flat_ids(ids, part, L), grad.reshape(B, -1, d))
 
 
-def _add_keys_back(dst: Tensor, dst_glob: Optional[Tensor], ids: Tensor, part: slice, grad: Tensor) -> None:
-    """:func:`_add_back` of key gradients ``grad[B, c·m, G + X, d]``: the first G summed over blocks into ``dst_glob``."""
-    if dst_glob is None:
-        _add_back(dst, ids, part, grad)
-        return
-    B, c, G, d = dst_glob.shape
-    dst_glob += grad[:, :, :G].reshape(B, c, -1, G, d).sum(2)
-    _add_back(dst, ids, part, grad[:, :, G:])
+def _kv_grad_rows(k: Tensor, ids: Tensor) -> Tensor:
+    """Zeroed key and value gradients of ``k[B, c, L, d]`` as one buffer whose first axis :func:`_add_kv_back` indexes:
+    ``[L, B, c, 2, d]`` for ids shared by the heads, ``[c, L, B, 2, d]`` (rows head·L + token) for per-head ids.
+
+    ``index_add_`` along dim 0 adds whole contiguous rows (B·c·2d or B·2d elements); along the token axis
+    of ``[B, c, L, d]`` it adds strided ``[B, c, d]`` slices, one for keys and one for values: on a 2-core
+    EPYC a BigBird chunk's key and value gradients took 3-6x longer that way, copies included.
+    """
+    B, c, L, d = k.shape
+    shape = (L, B, c, 2, d) if ids.dim() == 2 else (c, L, B, 2, d)
+    return torch.zeros(shape, dtype=k.dtype, device=k.device)
+
+
+def _kv_grads(rows: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Key and value gradients ``[B, c, L, d]`` (strided views) of :func:`_kv_grad_rows`' buffer."""
+    if ids.dim() == 2:
+        return tuple(rows[:, :, :, i].permute(1, 2, 0, 3) for i in range(2))  # [L, B, c, d] -> [B, c, L, d]
+    return tuple(rows[:, :, :, i].permute(2, 0, 1, 3) for i in range(2))  # [c, L, B, d] -> [B, c, L, d]
+
+
+def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], ids: Tensor, part: slice,
+                 d_k: Tensor, d_v: Tensor) -> None:
+    """Adds the key and value gradients ``d_k, d_v[B, c·m, G + X, d]`` of blocks ``part`` to the rows of
+    :func:`_kv_grad_rows`' buffer they were gathered from; the first G (global keys) summed over blocks into
+    ``d_kg, d_vg[B, c, G, d]``."""
+    B, cm, _, d = d_k.shape
+    if d_kg is not None and d_kg.shape[2]:
+        c, G = d_kg.shape[1], d_kg.shape[2]
+        d_kg += d_k[:, :, :G].reshape(B, c, -1, G, d).sum(2)
+        d_vg += d_v[:, :, :G].reshape(B, c, -1, G, d).sum(2)
+        d_k, d_v = d_k[:, :, G:], d_v[:, :, G:]
+    X = d_k.shape[2]
+    if ids.dim() == 2:  # rows [L, B, c, 2, d]: token ids
+        c = rows.shape[2]
+        src = d_k.new_empty(cm // c, X, B, c, 2, d)  # the chunk's gradients in the buffer's row layout
+        for i, t in enumerate((d_k, d_v)):
+            src[..., i, :].copy_(t.view(B, c, -1, X, d).permute(2, 3, 0, 1, 4))
+        rows.view(rows.shape[0], -1).index_add_(0, ids[part].flatten(), src.view(-1, B * c * 2 * d))
+    else:  # rows [c, L, B, 2, d]: (head, token) ids
+        c, L = rows.shape[:2]
+        src = d_k.new_empty(cm, X, B, 2, d)
+        for i, t in enumerate((d_k, d_v)):
+            src[..., i, :].copy_(t.permute(1, 2, 0, 3))
+        rows.view(c * L, -1).index_add_(0, _flat_ids(ids, part, L), src.view(-1, B * 2 * d))
 
 
 def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
@@ -226,7 +262,8 @@ class _BlockSDPA(torch.autograd.Function):
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         grad = grad.to(q.dtype)
         rows, filled = (None, None) if out_ids is None else _slot_rows(out_ids, n * S)
-        d_q, d_k, d_v = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # contiguous
+        d_q = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # contiguous
+        d_kv = _kv_grad_rows(k, k_ids)  # key|value gradients, rows of the tokens (per head: of (head, token))
         d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
@@ -240,10 +277,16 @@ class _BlockSDPA(torch.autograd.Function):
                              _select_keys(v, v_glob, k_ids, part))  # [B, c·m, S or G + K, d]
             p = torch.matmul(q_s, k_s.transpose(-1, -2)).mul_(ctx.scale).add_(_heads_bias(mask, part, c, q.dtype))
             p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1)).exp_()  # probabilities, recomputed: [B, c·m, S, G + K]
-            _add_keys_back(d_v, d_vg, k_ids, part, torch.matmul(p.transpose(-1, -2), g_o))  # dV = Pᵀ dO
+            d_v_s = torch.matmul(p.transpose(-1, -2), g_o)  # dV = Pᵀ dO [B, c·m, G + K, d]
             d_s = torch.matmul(g_o, v_s.transpose(-1, -2)).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
+            del g_o, v_s
             d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1).mul_(ctx.scale)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
+            del p
             _add_back(d_q, q_ids, part, torch.matmul(d_s, k_s))  # dQ = dS K·scale
-            _add_keys_back(d_k, d_kg, k_ids, part, torch.matmul(d_s.transpose(-1, -2), q_s))  # dK = dSᵀ Q·scale
-            del g_o, q_s, k_s, v_s, p, d_s  # before the next chunk is gathered
+            del k_s
+            d_k_s = torch.matmul(d_s.transpose(-1, -2), q_s)  # dK = dSᵀ Q·scale
+            del d_s, q_s
+            _add_kv_back(d_kv, d_kg, d_vg, k_ids, part, d_k_s, d_v_s)
+            del d_k_s, d_v_s  # before the next chunk is gathered
+        d_k, d_v = _kv_grads(d_kv, k_ids)
         return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None
