@@ -176,25 +176,19 @@ def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], i
     """Adds the key and value gradients ``d_k, d_v[B, c·m, G + X, d]`` of blocks ``part`` to the rows of
     :func:`_kv_grad_rows`' buffer they were gathered from; the first G (global keys) summed over blocks into
     ``d_kg, d_vg[B, c, G, d]``."""
-    B, cm, _, d = d_k.shape
+    B, _, _, d = d_k.shape
     if d_kg is not None and d_kg.shape[2]:
         c, G = d_kg.shape[1], d_kg.shape[2]
         d_kg += d_k[:, :, :G].reshape(B, c, -1, G, d).sum(2)
         d_vg += d_v[:, :, :G].reshape(B, c, -1, G, d).sum(2)
         d_k, d_v = d_k[:, :, G:], d_v[:, :, G:]
-    X = d_k.shape[2]
-    if ids.dim() == 2:  # rows [L, B, c, 2, d]: token ids
-        c = rows.shape[2]
-        src = d_k.new_empty(cm // c, X, B, c, 2, d)  # the chunk's gradients in the buffer's row layout
-        for i, t in enumerate((d_k, d_v)):
-            src[..., i, :].copy_(t.view(B, c, -1, X, d).permute(2, 3, 0, 1, 4))
-        rows.view(rows.shape[0], -1).index_add_(0, ids[part].flatten(), src.view(-1, B * c * 2 * d))
-    else:  # rows [c, L, B, 2, d]: (head, token) ids
-        c, L = rows.shape[:2]
-        src = d_k.new_empty(cm, X, B, 2, d)
-        for i, t in enumerate((d_k, d_v)):
-            src[..., i, :].copy_(t.permute(1, 2, 0, 3))
-        rows.view(c * L, -1).index_add_(0, _flat_ids(ids, part, L), src.view(-1, B * 2 * d))
+    c, X = (rows.shape[2] if ids.dim() == 2 else rows.shape[0]), d_k.shape[2]
+    if ids.dim() == 2:  # rows [L, B, c, 2, d]: token ids; the chunk's slots as [m, X, B, c, d]
+        order, index = (2, 3, 0, 1, 4), ids[part].flatten()
+    else:  # rows [c, L, B, 2, d]: (head, token) ids; the chunk's slots as [c, m, X, B, d]
+        order, index = (1, 2, 3, 0, 4), _flat_ids(ids, part, rows.shape[1])
+    src = torch.stack([t.reshape(B, c, -1, X, d).permute(order) for t in (d_k, d_v)], dim=-2)  # [.., 2, d]: one copy
+    rows.view(-1, src.numel() // index.numel()).index_add_(0, index, src.view(index.numel(), -1))
 
 
 def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
