@@ -142,13 +142,11 @@ def _select_keys(t: Tensor, t_glob: Optional[Tensor], ids: Tensor, part: slice) 
     return torch.cat([glob, sel], dim=2)
 
 
-def _add_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
-    """Adds block gradients ``grad[B, c·m, X, d]`` to the tokens of contiguous ``dst[B, c, L, d]`` they came from."""
-    B, c, L, d = dst.shape
-    if ids.dim() == 2:
-        dst.index_add_(2, ids[part].flatten(), grad.reshape(B, c, -1, d))
-    else:
-        dst.view(B, c * L, d).index_add_(1, _flat_ids(ids, part, L), grad.reshape(B, -1, d))
+def _add_query_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
+    """Adds query gradients ``grad[B, c·m, S, d]`` of blocks ``part`` (ids ``[n, S]``, shared by the heads) to the
+    tokens of contiguous ``dst[B, c, L, d]`` they came from."""
+    B, c, _, d = dst.shape
+    dst.index_add_(2, ids[part].flatten(), grad.reshape(B, c, -1, d))
 
 
 def _kv_grad_rows(k: Tensor, ids: Tensor) -> Tensor:
@@ -166,9 +164,8 @@ def _kv_grad_rows(k: Tensor, ids: Tensor) -> Tensor:
 
 def _kv_grads(rows: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     """Key and value gradients ``[B, c, L, d]`` (strided views) of :func:`_kv_grad_rows`' buffer."""
-    if ids.dim() == 2:
-        return tuple(rows[:, :, :, i].permute(1, 2, 0, 3) for i in range(2))  # [L, B, c, d] -> [B, c, L, d]
-    return tuple(rows[:, :, :, i].permute(2, 0, 1, 3) for i in range(2))  # [c, L, B, d] -> [B, c, L, d]
+    order = (1, 2, 0, 3) if ids.dim() == 2 else (2, 0, 1, 3)  # [L, B, c, d] or [c, L, B, d] -> [B, c, L, d]
+    return tuple(rows[:, :, :, i].permute(order) for i in range(2))
 
 
 def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], ids: Tensor, part: slice,
@@ -276,7 +273,7 @@ class _BlockSDPA(torch.autograd.Function):
             del g_o, v_s
             d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1).mul_(ctx.scale)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
             del p
-            _add_back(d_q, q_ids, part, torch.matmul(d_s, k_s))  # dQ = dS K·scale
+            _add_query_back(d_q, q_ids, part, torch.matmul(d_s, k_s))  # dQ = dS K·scale
             del k_s
             d_k_s = torch.matmul(d_s.transpose(-1, -2), q_s)  # dK = dSᵀ Q·scale
             del d_s, q_s

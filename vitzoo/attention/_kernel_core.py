@@ -34,9 +34,14 @@ from vitzoo.attention.base import tracing
 
 CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
 # Random features (performer, rfa: m ≫ d per token) take chunks this many times larger: on a 2-core AMD EPYC
-# (Zen 2) a 4,096-token performer layer trains 9% (rfa 14%) faster, its live peak 88 MB instead of 85 MB
+# (Zen 2) a 4,096-token performer layer trains 9% (rfa 14%) faster, its live peak 87 MB instead of 85 MB
 # (global: 91 MB); elu features (m = d) gain nothing and efficient/linear would need more than global.
 FEATURE_CHUNK_SCALE = 2
+
+
+def _chunk_scale(omega: Optional[Tensor]) -> int:
+    """Chunk scale of a feature map: :data:`FEATURE_CHUNK_SCALE` with random features ``omega``, else 1."""
+    return 1 if omega is None else FEATURE_CHUNK_SCALE
 
 
 def _budget(scale: int = 1) -> int:
@@ -176,7 +181,7 @@ class KernelAttention(torch.autograd.Function):
         grad_scale = None if scale is None else torch.zeros(scale.shape, dtype=acc, device=qkv.device)
         g5, q5, o5 = grad_qkv.view(B, N, 3, heads, d), qkv.reshape(B, N, 3, heads, d), grad.reshape(B, N, heads, d)
         with torch.autocast(qkv.device.type, enabled=False):
-            m, wide = kvz.shape[-2], 1 if omega is None else FEATURE_CHUNK_SCALE
+            m, wide = kvz.shape[-2], _chunk_scale(omega)
             for b, j in _chunks(B, heads, N * m, qkv.device, wide):
                 w, s = _omega(omega, j), None if scale is None else scale[j]
                 kvz_c = kvz[b, j]  # [b, h, m, d+1]
@@ -241,7 +246,7 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
     q5, o5 = qkv.reshape(B, N, 3, heads, d), out.view(B, N, heads, d)
     omega = None if omega is None else omega.to(acc)
     shifts = [qkv.new_empty(B, heads, N, 1, dtype=acc) for _ in range(2)] if kind == "exp" else [None, None]
-    wide = 1 if omega is None else FEATURE_CHUNK_SCALE
+    wide = _chunk_scale(omega)
     for b, j in _chunks(B, heads, N * m, qkv.device, wide):
         w, s = _omega(omega, j), None if scale is None else scale[j]
         xk = _prepare(kind, q5[b, :, 1, j].transpose(1, 2), s, acc)[0]  # [b, h, N, d]
