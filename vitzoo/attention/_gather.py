@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from vitzoo.attention.base import tracing
+from vitzoo.attention.base import LOG2E, tracing
 
 
 def global_mask(mask: Tensor, num_global: int) -> Tensor:
@@ -51,6 +51,8 @@ def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
 # blocks at once would hold ~11 copies of the keys for BigBird's 2x2 blocks). At 64x64 tokens,
 # 2 threads: smaller chunks pay more per-call overhead, larger ones were slower and hold more.
 GATHER_ELEMS = 1 << 16
+# Forward-only calls (training's forward, inference) hold no gradients: chunks this many times larger.
+FORWARD_SCALE = 4
 
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
@@ -90,10 +92,10 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
 
-def _chunks(q: Tensor, k_ids: Tensor) -> list[slice]:
-    """Block ranges of the fused calls: at most :data:`GATHER_ELEMS` gathered key elements per image each."""
+def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
+    """Block ranges of the fused calls: at most ``scale`` × :data:`GATHER_ELEMS` gathered key elements per image each."""
     (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
-    step = max(1, GATHER_ELEMS // (c * K * d))  # not by batch size: exported graphs keep it dynamic
+    step = max(1, scale * GATHER_ELEMS // (c * K * d))  # not by batch size: exported graphs keep it dynamic
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
@@ -206,7 +208,7 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
     """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``."""
     B, c, _, d = q.shape
     outs = []
-    for part in _chunks(q, k_ids):
+    for part in _chunks(q, k_ids, FORWARD_SCALE):
         out = F.scaled_dot_product_attention(_select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
                                              _select_keys(v, v_glob, k_ids, part),
                                              attn_mask=_heads_mask(mask, part, c), dropout_p=p_drop,
@@ -235,7 +237,7 @@ class _BlockSDPA(torch.autograd.Function):
                 q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
-        for part in _chunks(q, k_ids):
+        for part in _chunks(q, k_ids, FORWARD_SCALE):
             m = part.stop - part.start
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 _select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part), _select_keys(v, v_glob, k_ids, part),
@@ -266,8 +268,10 @@ class _BlockSDPA(torch.autograd.Function):
             g_o = g_o.reshape(B, c * m, S, d)
             q_s, k_s, v_s = (_select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
                              _select_keys(v, v_glob, k_ids, part))  # [B, c·m, S or G + K, d]
-            p = torch.matmul(q_s, k_s.transpose(-1, -2)).mul_(ctx.scale).add_(_heads_bias(mask, part, c, q.dtype))
-            p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1)).exp_()  # probabilities, recomputed: [B, c·m, S, G + K]
+            p = torch.matmul(q_s, k_s.transpose(-1, -2)).mul_(ctx.scale * LOG2E)  # scores in log2 units (LOG2E)
+            p = p.add_(_heads_bias(mask, part, c, q.dtype))  # 0 or -inf: the same in log2 units
+            p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1), alpha=LOG2E)
+            p = p.exp2_()  # probabilities, recomputed: [B, c·m, S, G + K]
             d_v_s = torch.matmul(p.transpose(-1, -2), g_o)  # dV = Pᵀ dO [B, c·m, G + K, d]
             d_s = torch.matmul(g_o, v_s.transpose(-1, -2)).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
             del g_o, v_s

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitzoo.attention.base import tracing
+from vitzoo.attention.base import LOG2E, tracing
 
 CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
 # Random features (performer, rfa: m ≫ d per token) take chunks this many times larger: on a 2-core AMD EPYC
@@ -78,10 +78,12 @@ def _omega(omega: Optional[Tensor], heads: slice) -> Optional[Tensor]:
 
 def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Tensor],
               query: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """``φ(x)`` ``[b, h, N, m]`` of ``x[b, h, N, d]`` and the ``"exp"`` stabiliser ``[b, h, N, 1]``
+    """``φ(x)`` ``[b, h, N, m]`` of ``x[b, h, N, d]`` and the ``"exp"`` stabiliser ``[b, h, N, 1]`` in log2 units
     (computed when ``shift`` is None, else reused: backward recomputes the forward's features)."""
     if kind == "elu":
         return F.elu(x).add_(1), None
+    if kind == "exp":  # ωx in log2 units (exp2 is the fast exponential, LOG2E): stabilisers in log2 units too
+        omega = omega * LOG2E
     proj = x @ omega.transpose(-2, -1)  # ωx [b, h, N, m]: N·d·m per head
     if kind == "fourier":  # sin over [ωx | ωx + π/2] = [sin ωx | cos ωx]: one contiguous pass
         if proj.requires_grad or torch.compiler.is_compiling():  # traced with autograd on: no out= there
@@ -96,9 +98,9 @@ def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Ten
         if query:  # ‖x‖²/2 is constant along the row: the shift is just the row's largest ωx
             shift = top
         else:  # ‖x‖²/2 + the largest exponent over all keys of the (image, head)
-            half_sq = x.square().sum(dim=-1, keepdim=True).mul_(0.5)  # [b, h, N, 1]
+            half_sq = x.square().sum(dim=-1, keepdim=True).mul_(0.5 * LOG2E)  # [b, h, N, 1]
             shift = half_sq + (top - half_sq).amax(dim=-2, keepdim=True)
-    return proj.sub_(shift).exp_(), shift  # largest query feature (or key feature) is exactly 1
+    return proj.sub_(shift).exp2_(), shift  # largest query feature (or key feature) is exactly 1
 
 
 def _features_backward(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Optional[Tensor],

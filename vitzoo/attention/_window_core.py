@@ -6,7 +6,8 @@ q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B, N, 3C]`` of 
 (so the projection saves its input, not a partitioned copy) and the window index, and returns merged heads
 ``[B, N, C]`` in token order (what the output projection takes); it saves only ``qkv``, the bias and the
 log-sum-exp ``[B·nW, h, T]``, recomputes the probabilities in backward and adds the q/k/v gradients into
-one ``[B, N, 3C]`` buffer. Both passes work through blocks of windows whose scores stay cache-sized
+one ``[B, N, 3C]`` buffer. Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
+(:data:`~vitzoo.attention.base.LOG2E`). Both passes work through blocks of windows whose scores stay cache-sized
 (:data:`SCORE_ELEMENTS`). Autocast is off inside: the matmuls take q, k, v in
 their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
 log-sum-exp are float32 (float64 stays float64); gradients come back in the inputs' dtypes.
@@ -18,7 +19,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from vitzoo.attention.base import tracing
+from vitzoo.attention.base import LOG2E, tracing
 
 
 def core_applies(qkv: Tensor, p_drop: float) -> bool:
@@ -95,18 +96,29 @@ def _grad_weights(index: Tensor, prefix: int, dtype: torch.dtype) -> Tensor:
 
 def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows: slice, scale: float,
             dtype: torch.dtype) -> Tensor:
-    """``QKᵀ·scale + bias (+ mask)`` ``[r·h, T, T]`` in ``dtype`` of windows ``windows`` (rows ``b·nW + w``: mask ``w``)."""
+    """``(QKᵀ·scale + bias (+ mask))·log2 e`` ``[r·h, T, T]`` in ``dtype`` of windows ``windows`` (rows ``b·nW + w``:
+    mask ``w``): the scores in log2 units, for ``exp2`` (:data:`~vitzoo.attention.base.LOG2E`)."""
     r, (h, T, _) = windows.stop - windows.start, bias.shape
     s = q.new_empty(r, h, T, T, dtype=dtype)  # QKᵀ is accumulated into it
     if mask is None:
-        s.copy_(bias.expand(r, h, T, T))
+        torch.mul(bias.expand(r, h, T, T), LOG2E, out=s)
     else:
         rows = torch.arange(windows.start, windows.stop, device=mask.device) % mask.shape[0]  # window of each row
-        torch.add(bias, mask.index_select(0, rows)[:, None], out=s)
+        torch.add(bias, mask.index_select(0, rows)[:, None], out=s).mul_(LOG2E)
     s = s.view(r * h, T, T)
     if q.dtype == dtype:
-        return s.baddbmm_(q, k.transpose(1, 2), alpha=scale)  # QKᵀ: T·T·d per window and head
-    return s.add_(torch.bmm(q, k.transpose(1, 2)), alpha=scale)  # bfloat16/half QKᵀ, float32 scores
+        return s.baddbmm_(q, k.transpose(1, 2), alpha=scale * LOG2E)  # QKᵀ: T·T·d per window and head
+    return s.add_(torch.bmm(q, k.transpose(1, 2)), alpha=scale * LOG2E)  # bfloat16/half QKᵀ, float32 scores
+
+
+def _softmax_(s: Tensor, lse: Tensor) -> Tensor:
+    """Softmax of scores ``s[.., T]`` in log2 units (:func:`_scores`), in place; their log-sum-exp (log2 units)
+    into ``lse[.., 1]``."""
+    top = s.amax(-1, keepdim=True)
+    p = s.sub_(top).exp2_()
+    total = p.sum(-1, keepdim=True)
+    torch.add(top, total.log2(), out=lse)
+    return p.div_(total)
 
 
 class WindowCore(torch.autograd.Function):
@@ -132,9 +144,8 @@ class WindowCore(torch.autograd.Function):
             for win in _blocks(B * nw, heads * T * T):
                 q, k, v = _gather_heads(flat, read[win].flatten(), win.stop - win.start, heads)  # [r·h, T, d]
                 s = _scores(q, k, bias, mask, win, scale, dtype)
-                lse_win = lse[win.start * heads:win.stop * heads]
-                torch.logsumexp(s, -1, keepdim=True, out=lse_win)
-                o = torch.bmm(s.sub_(lse_win).exp_().to(v.dtype), v)  # softmax, then AV: T·T·d
+                p = _softmax_(s, lse[win.start * heads:win.stop * heads])
+                o = torch.bmm(p.to(v.dtype), v)  # AV: T·T·d
                 o = o.view(-1, heads, T, o.shape[-1]).transpose(1, 2).reshape(-1, T, C3 // 3)  # [r, T, C]
                 _copy_rows(out, write[win].flatten(), o.view(-1, C3 // 3))
                 if prefix:
@@ -181,7 +192,7 @@ def _block_backward(flat: Tensor, grad: Tensor, read: Tensor, weight: Tensor, wi
     q, k, v = _gather_heads(flat, read, r, heads)  # [r·h, T, d]
     d_o = _heads(grad.index_select(0, read).view(r, T, heads, -1).mul_(weight[:, :, None, None]))
     p = _scores(q, k, bias, mask, win, scale, lse.dtype)
-    p = p.sub_(lse[win.start * heads:win.stop * heads]).exp_()  # probabilities, recomputed
+    p = p.sub_(lse[win.start * heads:win.stop * heads]).exp2_()  # probabilities, recomputed
     d_s = torch.bmm(d_o, v.transpose(1, 2)).to(p.dtype).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
     del v
     d_v = torch.bmm(p.to(d_o.dtype).transpose(1, 2), d_o)  # dV = Pᵀ dO
