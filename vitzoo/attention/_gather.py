@@ -105,6 +105,13 @@ def _flat_ids(ids: Tensor, part: slice, head_rows: int, token_rows: int = 1) -> 
     return (ids[:, part] * token_rows + offset).flatten()
 
 
+def _row_view(t: Tensor) -> bool:
+    """Whether :func:`_token_rows` views ``t``'s storage (else it copies ``t``)."""
+    d = t.shape[-1]
+    return not (tracing() or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
+                or (torch.is_grad_enabled() and t.requires_grad))
+
+
 def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     """``t[B, c, L, d]`` as rows of d elements ``[R, d]`` and the row steps of an image, a head and a token.
 
@@ -114,34 +121,53 @@ def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     would read the view as if it were contiguous).
     """
     d = t.shape[-1]
-    if (tracing() or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
-            or (torch.is_grad_enabled() and t.requires_grad)):
+    if not _row_view(t):
         t = t.contiguous()
     s_b, s_c, s_l = (s // d for s in t.stride()[:3])
     rows = sum((n - 1) * s for n, s in zip(t.shape[:3], (s_b, s_c, s_l))) + 1
     return t.as_strided((rows, d), (d, 1)), s_b, s_c, s_l
 
 
-def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
-    """``t[B, c, L, d]`` gathered for blocks ``part`` of ``ids`` (``[n, X]`` shared or ``[c, n, X]`` per head) -> ``[B, c·m, X, d]``."""
+def _select(t: Tensor, ids: Tensor, part: slice, index: Optional[Tensor] = None) -> Tensor:
+    """``t[B, c, L, d]`` gathered for blocks ``part`` of ``ids`` (``[n, X]`` shared or ``[c, n, X]`` per head) -> ``[B, c·m, X, d]``.
+
+    ``index``: per-head ids as rows of ``t``'s :func:`_token_rows` view (:func:`_batch_rows`), when known.
+    """
     B, c, L, d = t.shape
     m = part.stop - part.start
     if ids.dim() == 2:
         return t.index_select(2, ids[part].flatten()).view(B, c * m, -1, d)
     rows, s_b, s_c, s_l = _token_rows(t)
+    index = _batch_rows(ids, part, B, s_b, s_c, s_l) if index is None else index
+    return rows.index_select(0, index).view(B, c * m, -1, d)
+
+
+def _batch_rows(ids: Tensor, part: slice, images: int, s_b: int, s_c: int, s_l: int) -> Tensor:
+    """Per-head ids ``[c, n, X]`` of blocks ``part`` as rows ``[B·c·m·X]`` of a row view with row steps ``s_b, s_c, s_l``
+    (an image, a head, a token)."""
     flat = _flat_ids(ids, part, s_c, s_l)  # [c·m·X] rows of image 0
-    flat = (torch.arange(B, device=ids.device)[:, None] * s_b + flat).flatten()  # [B·c·m·X]
-    return rows.index_select(0, flat).view(B, c * m, -1, d)
+    return (torch.arange(images, device=ids.device)[:, None] * s_b + flat).flatten()
 
 
-def _select_keys(t: Tensor, t_glob: Optional[Tensor], ids: Tensor, part: slice) -> Tensor:
+def _select_keys(t: Tensor, t_glob: Optional[Tensor], ids: Tensor, part: slice,
+                 index: Optional[Tensor] = None) -> Tensor:
     """:func:`_select` of blocks ``part`` with the global ``t_glob[B, c, G, d]`` in front: ``[B, c·m, G + X, d]``."""
-    sel = _select(t, ids, part)
+    sel = _select(t, ids, part, index)
     if t_glob is None or not t_glob.shape[2]:
         return sel
     B, c, G, d = t_glob.shape
     glob = t_glob[:, :, None].expand(B, c, part.stop - part.start, G, d).reshape(B, -1, G, d)  # [B, c·m, G, d]
     return torch.cat([glob, sel], dim=2)
+
+
+def _select_kv(k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], ids: Tensor,
+               part: slice) -> tuple[Tensor, Tensor]:
+    """:func:`_select_keys` of keys and values; per-head ids become rows once for both where ``k`` and ``v`` are
+    views with the same strides (of one projection), so that :func:`_token_rows` views both without a copy."""
+    index = None
+    if ids.dim() == 3 and k.stride() == v.stride() and _row_view(k):
+        index = _batch_rows(ids, part, k.shape[0], *_token_rows(k)[1:])
+    return _select_keys(k, k_glob, ids, part, index), _select_keys(v, v_glob, ids, part, index)
 
 
 def _add_query_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
@@ -209,8 +235,7 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
     B, c, _, d = q.shape
     outs = []
     for part in _chunks(q, k_ids, FORWARD_SCALE):
-        out = F.scaled_dot_product_attention(_select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
-                                             _select_keys(v, v_glob, k_ids, part),
+        out = F.scaled_dot_product_attention(_select(q, q_ids, part), *_select_kv(k, v, k_glob, v_glob, k_ids, part),
                                              attn_mask=_heads_mask(mask, part, c), dropout_p=p_drop,
                                              scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
@@ -222,6 +247,14 @@ def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor
     """:func:`_heads_mask` as an additive ``[1, c·m, S or 1, K]`` in ``dtype``: 0 where kept, ``-inf`` where masked."""
     keep = _heads_mask(mask, part, c)
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
+
+
+def _mask_heads_(p: Tensor, masked: Tensor, part: slice) -> None:
+    """Zeroes the masked slots of blocks ``part`` in ``p[B, c·m, S, K]``; ``masked`` ``[n, S or 1, K]`` or ``[c, n, S or 1, K]``
+    broadcasts over images (and heads): no mask copy per head, no additive bias."""
+    B, cm, S, K = p.shape
+    m = part.stop - part.start
+    p.view(B, cm // m, m, S, K).masked_fill_(masked[..., part, :, :], 0.0)
 
 
 class _BlockSDPA(torch.autograd.Function):
@@ -240,8 +273,8 @@ class _BlockSDPA(torch.autograd.Function):
         for part in _chunks(q, k_ids, FORWARD_SCALE):
             m = part.stop - part.start
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part), _select_keys(v, v_glob, k_ids, part),
-                0.0, False, attn_mask=_heads_bias(mask, part, c, q.dtype), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
+                _select(q, q_ids, part), *_select_kv(k, v, k_glob, v_glob, k_ids, part), 0.0, False,
+                attn_mask=_heads_bias(mask, part, c, q.dtype), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
         ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
@@ -258,6 +291,7 @@ class _BlockSDPA(torch.autograd.Function):
         d_q = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # contiguous
         d_kv = _kv_grad_rows(k, k_ids)  # key|value gradients, rows of the tokens (per head: of (head, token))
         d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
+        masked = ~mask
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
             slots = slice(part.start * S, part.stop * S)
@@ -266,12 +300,10 @@ class _BlockSDPA(torch.autograd.Function):
             else:  # output rows of the chunk's slots; slots without one get no gradient
                 g_o = grad.index_select(2, rows[slots]).mul_(filled[slots, None])
             g_o = g_o.reshape(B, c * m, S, d)
-            q_s, k_s, v_s = (_select(q, q_ids, part), _select_keys(k, k_glob, k_ids, part),
-                             _select_keys(v, v_glob, k_ids, part))  # [B, c·m, S or G + K, d]
+            q_s, (k_s, v_s) = _select(q, q_ids, part), _select_kv(k, v, k_glob, v_glob, k_ids, part)  # [B, c·m, S or G + K, d]
             p = torch.matmul(q_s, k_s.transpose(-1, -2)).mul_(ctx.scale * LOG2E)  # scores in log2 units (LOG2E)
-            p = p.add_(_heads_bias(mask, part, c, q.dtype))  # 0 or -inf: the same in log2 units
-            p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1), alpha=LOG2E)
-            p = p.exp2_()  # probabilities, recomputed: [B, c·m, S, G + K]
+            p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1), alpha=LOG2E).exp2_()  # unmasked probabilities
+            _mask_heads_(p, masked, part)  # probabilities, recomputed: [B, c·m, S, G + K]
             d_v_s = torch.matmul(p.transpose(-1, -2), g_o)  # dV = Pᵀ dO [B, c·m, G + K, d]
             d_s = torch.matmul(g_o, v_s.transpose(-1, -2)).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
             del g_o, v_s
