@@ -99,12 +99,6 @@ def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _flat_ids(ids: Tensor, part: slice, head_rows: int, token_rows: int = 1) -> Tensor:
-    """Per-head ids ``[c, n, X]`` of blocks ``part`` as rows ``i·head_rows + id·token_rows`` of a flat row view."""
-    offset = torch.arange(ids.shape[0], device=ids.device)[:, None, None] * head_rows
-    return (ids[:, part] * token_rows + offset).flatten()
-
-
 def _row_view(t: Tensor) -> bool:
     """Whether :func:`_token_rows` views ``t``'s storage (else it copies ``t``)."""
     d = t.shape[-1]
@@ -128,46 +122,56 @@ def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     return t.as_strided((rows, d), (d, 1)), s_b, s_c, s_l
 
 
-def _select(t: Tensor, ids: Tensor, part: slice, index: Optional[Tensor] = None) -> Tensor:
-    """``t[B, c, L, d]`` gathered for blocks ``part`` of ``ids`` (``[n, X]`` shared or ``[c, n, X]`` per head) -> ``[B, c·m, X, d]``.
-
-    ``index``: per-head ids as rows of ``t``'s :func:`_token_rows` view (:func:`_batch_rows`), when known.
-    """
+def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
+    """``t[B, c, L, d]`` gathered for blocks ``part`` of ids ``[n, X]`` shared by the heads -> ``[B, c·m, X, d]``."""
     B, c, L, d = t.shape
-    m = part.stop - part.start
-    if ids.dim() == 2:
-        return t.index_select(2, ids[part].flatten()).view(B, c * m, -1, d)
-    rows, s_b, s_c, s_l = _token_rows(t)
-    index = _batch_rows(ids, part, B, s_b, s_c, s_l) if index is None else index
-    return rows.index_select(0, index).view(B, c * m, -1, d)
+    return t.index_select(2, ids[part].flatten()).view(B, c * (part.stop - part.start), -1, d)
 
 
-def _batch_rows(ids: Tensor, part: slice, images: int, s_b: int, s_c: int, s_l: int) -> Tensor:
-    """Per-head ids ``[c, n, X]`` of blocks ``part`` as rows ``[B·c·m·X]`` of a row view with row steps ``s_b, s_c, s_l``
-    (an image, a head, a token)."""
-    flat = _flat_ids(ids, part, s_c, s_l)  # [c·m·X] rows of image 0
-    return (torch.arange(images, device=ids.device)[:, None] * s_b + flat).flatten()
+def _head_offsets(ids: Tensor, *axes: tuple[int, int]) -> Tensor:
+    """Row offsets of leading axes ``(size, step)`` (images, heads): ``Σ arange(size)·step`` as ``[size_1, .., 1, 1]``,
+    to add to ids ``[c, m, X]``."""
+    out = torch.zeros((), dtype=ids.dtype, device=ids.device)
+    for size, step in axes:
+        out = out[..., None] + torch.arange(size, device=ids.device) * step
+    return out[..., None, None]
 
 
-def _select_keys(t: Tensor, t_glob: Optional[Tensor], ids: Tensor, part: slice,
-                 index: Optional[Tensor] = None) -> Tensor:
-    """:func:`_select` of blocks ``part`` with the global ``t_glob[B, c, G, d]`` in front: ``[B, c·m, G + X, d]``."""
-    sel = _select(t, ids, part, index)
-    if t_glob is None or not t_glob.shape[2]:
-        return sel
-    B, c, G, d = t_glob.shape
-    glob = t_glob[:, :, None].expand(B, c, part.stop - part.start, G, d).reshape(B, -1, G, d)  # [B, c·m, G, d]
-    return torch.cat([glob, sel], dim=2)
+class _KeyRows:
+    """One call's keys and values ``k, v[B, c, L, d]`` gathered for blocks of ``ids`` (``[n, X]`` shared or
+    ``[c, n, X]`` per head), with the global ``k_glob, v_glob[B, c, G, d]`` (or None) in front.
 
+    Per-head ids read rows of :func:`_token_rows` views made once per call; their image and head offsets
+    are computed once too, so that a block range costs one ``add`` for its row ids.
+    """
 
-def _select_kv(k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], ids: Tensor,
-               part: slice) -> tuple[Tensor, Tensor]:
-    """:func:`_select_keys` of keys and values; per-head ids become rows once for both where ``k`` and ``v`` are
-    views with the same strides (of one projection), so that :func:`_token_rows` views both without a copy."""
-    index = None
-    if ids.dim() == 3 and k.stride() == v.stride() and _row_view(k):
-        index = _batch_rows(ids, part, k.shape[0], *_token_rows(k)[1:])
-    return _select_keys(k, k_glob, ids, part, index), _select_keys(v, v_glob, ids, part, index)
+    def __init__(self, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], ids: Tensor):
+        self.ids, self.glob, self.shape = ids, (k_glob, v_glob), k.shape
+        if ids.dim() == 2:
+            self.sources, self.steps, self.offsets = (k, v), None, None
+            return
+        (k_rows, *k_steps), (v_rows, *v_steps) = _token_rows(k), _token_rows(v)
+        B, c = k.shape[:2]
+        self.sources, self.steps = (k_rows, v_rows), (k_steps[2], v_steps[2])
+        self.offsets = [_head_offsets(ids, (B, s_b), (c, s_c)) for s_b, s_c, _ in (k_steps, v_steps)]  # [B, c, 1, 1]
+
+    def __call__(self, part: slice) -> tuple[Tensor, Tensor]:
+        """Keys and values of blocks ``part``: ``[B, c·m, G + X, d]`` each."""
+        return tuple(self._one(i, part) for i in range(2))
+
+    def _one(self, i: int, part: slice) -> Tensor:
+        B, c, _, d = self.shape
+        if self.offsets is None:
+            sel = _select(self.sources[i], self.ids, part)
+        else:
+            index = torch.add(self.offsets[i], self.ids[:, part], alpha=self.steps[i])  # [B, c, m, X] rows
+            sel = self.sources[i].index_select(0, index.view(-1)).view(B, c * (part.stop - part.start), -1, d)
+        glob = self.glob[i]
+        if glob is None or not glob.shape[2]:
+            return sel
+        G = glob.shape[2]
+        glob = glob[:, :, None].expand(B, c, part.stop - part.start, G, d).reshape(B, -1, G, d)  # [B, c·m, G, d]
+        return torch.cat([glob, sel], dim=2)
 
 
 def _add_query_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None:
@@ -196,11 +200,11 @@ def _kv_grads(rows: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     return tuple(rows[:, :, :, i].permute(order) for i in range(2))
 
 
-def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], ids: Tensor, part: slice,
-                 d_k: Tensor, d_v: Tensor) -> None:
+def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], ids: Tensor, heads: Optional[Tensor],
+                 part: slice, d_k: Tensor, d_v: Tensor) -> None:
     """Adds the key and value gradients ``d_k, d_v[B, c·m, G + X, d]`` of blocks ``part`` to the rows of
     :func:`_kv_grad_rows`' buffer they were gathered from; the first G (global keys) summed over blocks into
-    ``d_kg, d_vg[B, c, G, d]``."""
+    ``d_kg, d_vg[B, c, G, d]``. ``heads``: the row offsets ``[c, 1, 1]`` of per-head ids (head·L), else None."""
     B, _, _, d = d_k.shape
     if d_kg is not None and d_kg.shape[2]:
         c, G = d_kg.shape[1], d_kg.shape[2]
@@ -210,8 +214,8 @@ def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], i
     c, X = (rows.shape[2] if ids.dim() == 2 else rows.shape[0]), d_k.shape[2]
     if ids.dim() == 2:  # rows [L, B, c, 2, d]: token ids; the chunk's slots as [m, X, B, c, d]
         order, index = (2, 3, 0, 1, 4), ids[part].flatten()
-    else:  # rows [c, L, B, 2, d]: (head, token) ids; the chunk's slots as [c, m, X, B, d]
-        order, index = (1, 2, 3, 0, 4), _flat_ids(ids, part, rows.shape[1])
+    else:  # rows [c, L, B, 2, d]: (head, token) ids, rows head·L + token; the chunk's slots as [c, m, X, B, d]
+        order, index = (1, 2, 3, 0, 4), torch.add(heads, ids[:, part]).view(-1)
     src = torch.stack([t.reshape(B, c, -1, X, d).permute(order) for t in (d_k, d_v)], dim=-2)  # [.., 2, d]: one copy
     rows.view(-1, src.numel() // index.numel()).index_add_(0, index, src.view(index.numel(), -1))
 
@@ -234,10 +238,10 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
     """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``."""
     B, c, _, d = q.shape
     outs = []
+    keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
     for part in _chunks(q, k_ids, FORWARD_SCALE):
-        out = F.scaled_dot_product_attention(_select(q, q_ids, part), *_select_kv(k, v, k_glob, v_glob, k_ids, part),
-                                             attn_mask=_heads_mask(mask, part, c), dropout_p=p_drop,
-                                             scale=scale)  # [B, c·m, S, d]
+        out = F.scaled_dot_product_attention(_select(q, q_ids, part), *keys(part), attn_mask=_heads_mask(mask, part, c),
+                                             dropout_p=p_drop, scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
     return out if out_ids is None else select_rows(out, out_ids)
@@ -247,14 +251,6 @@ def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor
     """:func:`_heads_mask` as an additive ``[1, c·m, S or 1, K]`` in ``dtype``: 0 where kept, ``-inf`` where masked."""
     keep = _heads_mask(mask, part, c)
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
-
-
-def _mask_heads_(p: Tensor, masked: Tensor, part: slice) -> None:
-    """Zeroes the masked slots of blocks ``part`` in ``p[B, c·m, S, K]``; ``masked`` ``[n, S or 1, K]`` or ``[c, n, S or 1, K]``
-    broadcasts over images (and heads): no mask copy per head, no additive bias."""
-    B, cm, S, K = p.shape
-    m = part.stop - part.start
-    p.view(B, cm // m, m, S, K).masked_fill_(masked[..., part, :, :], 0.0)
 
 
 class _BlockSDPA(torch.autograd.Function):
@@ -270,11 +266,12 @@ class _BlockSDPA(torch.autograd.Function):
                 q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
+        keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
         for part in _chunks(q, k_ids, FORWARD_SCALE):
             m = part.stop - part.start
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _select(q, q_ids, part), *_select_kv(k, v, k_glob, v_glob, k_ids, part), 0.0, False,
-                attn_mask=_heads_bias(mask, part, c, q.dtype), scale=scale)  # [B, c·m, S, d], [B, c·m, S]
+                _select(q, q_ids, part), *keys(part), 0.0, False, attn_mask=_heads_bias(mask, part, c, q.dtype),
+                scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
         ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
@@ -291,7 +288,8 @@ class _BlockSDPA(torch.autograd.Function):
         d_q = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # contiguous
         d_kv = _kv_grad_rows(k, k_ids)  # key|value gradients, rows of the tokens (per head: of (head, token))
         d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
-        masked = ~mask
+        keys, masked = _KeyRows(k, v, k_glob, v_glob, k_ids), ~mask
+        heads = None if k_ids.dim() == 2 else _head_offsets(k_ids, (c, k.shape[2]))  # [c, 1, 1]: head·L
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
             slots = slice(part.start * S, part.stop * S)
@@ -299,21 +297,22 @@ class _BlockSDPA(torch.autograd.Function):
                 g_o = grad[:, :, slots]
             else:  # output rows of the chunk's slots; slots without one get no gradient
                 g_o = grad.index_select(2, rows[slots]).mul_(filled[slots, None])
-            g_o = g_o.reshape(B, c * m, S, d)
-            q_s, (k_s, v_s) = _select(q, q_ids, part), _select_kv(k, v, k_glob, v_glob, k_ids, part)  # [B, c·m, S or G + K, d]
-            p = torch.matmul(q_s, k_s.transpose(-1, -2)).mul_(ctx.scale * LOG2E)  # scores in log2 units (LOG2E)
-            p = p.sub_(lse[:, :, part].reshape(B, c * m, S, 1), alpha=LOG2E).exp2_()  # unmasked probabilities
-            _mask_heads_(p, masked, part)  # probabilities, recomputed: [B, c·m, S, G + K]
-            d_v_s = torch.matmul(p.transpose(-1, -2), g_o)  # dV = Pᵀ dO [B, c·m, G + K, d]
-            d_s = torch.matmul(g_o, v_s.transpose(-1, -2)).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
+            g_o = g_o.reshape(B * c * m, S, d)
+            q_s, (k_s, v_s) = _select(q, q_ids, part).view(-1, S, d), keys(part)  # [B·c·m, S, d], [B, c·m, G + K, d]
+            k_s, v_s = k_s.view(B * c * m, -1, d), v_s.view(B * c * m, -1, d)
+            p = torch.bmm(q_s, k_s.transpose(1, 2)).mul_(ctx.scale * LOG2E)  # scores in log2 units (LOG2E)
+            p5 = p.view(B, c, m, S, -1)  # probabilities, recomputed: [B, c, m, S, G + K]
+            p5.sub_(lse[:, :, part, :, None], alpha=LOG2E).exp2_().masked_fill_(masked[..., part, :, :], 0.0)
+            d_v_s = torch.bmm(p.transpose(1, 2), g_o)  # dV = Pᵀ dO [B·c·m, G + K, d]
+            d_s = torch.bmm(g_o, v_s.transpose(1, 2)).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
             del g_o, v_s
             d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1).mul_(ctx.scale)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
-            del p
-            _add_query_back(d_q, q_ids, part, torch.matmul(d_s, k_s))  # dQ = dS K·scale
+            del p, p5
+            _add_query_back(d_q, q_ids, part, torch.bmm(d_s, k_s))  # dQ = dS K·scale
             del k_s
-            d_k_s = torch.matmul(d_s.transpose(-1, -2), q_s)  # dK = dSᵀ Q·scale
+            d_k_s = torch.bmm(d_s.transpose(1, 2), q_s)  # dK = dSᵀ Q·scale
             del d_s, q_s
-            _add_kv_back(d_kv, d_kg, d_vg, k_ids, part, d_k_s, d_v_s)
+            _add_kv_back(d_kv, d_kg, d_vg, k_ids, heads, part, d_k_s.view(B, c * m, -1, d), d_v_s.view(B, c * m, -1, d))
             del d_k_s, d_v_s  # before the next chunk is gathered
         d_k, d_v = _kv_grads(d_kv, k_ids)
         return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None
