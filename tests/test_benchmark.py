@@ -426,3 +426,15 @@ def test_ab_kernel_core_compares_a_revision_with_the_working_tree():
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_kernel_core.py"), "--rev", "no-such-revision"],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "pass --rev a revision of this repository" in bad.stderr
+
+
+def test_ab_module_swaps_a_revision_of_a_module_into_its_importers():
+    """scripts/ab_module.py times a layer with a revision's module in place of the working tree's (tiny size):
+    the names other modules imported from it are swapped; a bad module is a one-line error."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "ab_module.py"), "--rev", "HEAD", "--attention", "bigbird",
+           "--tokens", "64", "--blocks", "2", "--steps", "1"]
+    out = subprocess.run(cmd + ["--module", "vitzoo.attention._gather"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "vitzoo.attention._sparse.block_attention" in out.stdout and "B faster by" in out.stdout
+    bad = subprocess.run(cmd + ["--module", "vitzoo.no_such_module"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "pass --rev a revision of this repository and --module" in bad.stderr
