@@ -145,14 +145,17 @@ def test_output_equals_dense_oracle(grid, prefix, shifted):
         torch.testing.assert_close(attn.reference(x, grid), expected, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
 @pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_block", "blocks"])
 @pytest.mark.parametrize("masked", [False, True], ids=["bias", "bias_mask_padding_prefix"])
-def test_window_core_gradcheck(chunk, masked, monkeypatch):
-    """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64). The
-    windows read shuffled tokens; with the mask also padding slots (masked as keys) and a prefix token."""
+def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
+    """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64), with the
+    probabilities recomputed from the log-sum-exp or kept from forward. The windows read shuffled tokens; with the
+    mask also padding slots (masked as keys) and a prefix token."""
     from vitzoo.attention import _window_core
 
     monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
+    monkeypatch.setattr(_window_core, "_keeps_probs", lambda T, head_dim: keep)
     torch.manual_seed(0)
     B, h, d, nw, m2 = 2, 2, 3, 3, 4
     prefix, padding = (1, 2) if masked else (0, 0)
@@ -175,8 +178,8 @@ def test_window_core_gradcheck(chunk, masked, monkeypatch):
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])
 @pytest.mark.parametrize("grid,prefix", CASES)
 def test_training_gradients_equal_reference(grid, prefix, shifted):
-    """In training (WindowCore: probabilities recomputed in backward) input and parameter gradients are the
-    dense reference's."""
+    """In training (WindowCore: probabilities kept when T ≤ d, else recomputed in backward) input and parameter
+    gradients are the dense reference's."""
     attn = window_mixer(grid, prefix, shifted).train()
     torch.manual_seed(3)
     x = torch.randn(2, prefix + grid[0] * grid[1], 16, dtype=torch.float64, requires_grad=True)
