@@ -97,7 +97,8 @@ def model_step(model: str, attention: str) -> tuple[Callable[[], torch.Tensor], 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rev", default="HEAD", help="git revision of the A side")
-    p.add_argument("--module", nargs="+", required=True, help="dotted vitzoo modules to swap (e.g. vitzoo.attention._gather)")
+    p.add_argument("--module", nargs="+", required=True,
+                   help="dotted vitzoo modules to swap (e.g. vitzoo.attention._gather)")
     p.add_argument("--attention", default="global", help="attention backend")
     p.add_argument("--model", default=None, help="time a model's training step (e.g. swin_cifar) instead of one layer")
     p.add_argument("--tokens", type=int, default=4096, help="layer mode: sequence length (a square grid)")

@@ -93,17 +93,11 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
 
 
 def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
-    """Block ranges of the fused calls: at most ``scale`` × :data:`GATHER_ELEMS` gathered key elements per image each."""
+    """Block ranges of the fused calls: at most ``scale`` × :data:`GATHER_ELEMS` gathered key elements per image
+    each."""
     (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
     step = max(1, scale * GATHER_ELEMS // (c * K * d))  # not by batch size: exported graphs keep it dynamic
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
-
-
-def _row_view(t: Tensor) -> bool:
-    """Whether :func:`_token_rows` views ``t``'s storage (else it copies ``t``)."""
-    d = t.shape[-1]
-    return not (tracing() or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
-                or (torch.is_grad_enabled() and t.requires_grad))
 
 
 def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
@@ -115,7 +109,8 @@ def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     would read the view as if it were contiguous).
     """
     d = t.shape[-1]
-    if not _row_view(t):
+    if (tracing() or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
+            or (torch.is_grad_enabled() and t.requires_grad)):
         t = t.contiguous()
     s_b, s_c, s_l = (s // d for s in t.stride()[:3])
     rows = sum((n - 1) * s for n, s in zip(t.shape[:3], (s_b, s_c, s_l))) + 1
@@ -129,8 +124,8 @@ def _select(t: Tensor, ids: Tensor, part: slice) -> Tensor:
 
 
 def _head_offsets(ids: Tensor, *axes: tuple[int, int]) -> Tensor:
-    """Row offsets of leading axes ``(size, step)`` (images, heads): ``Σ arange(size)·step`` as ``[size_1, .., 1, 1]``,
-    to add to ids ``[c, m, X]``."""
+    """Row offsets of leading axes ``(size, step)`` (images, heads): ``Σ arange(size)·step`` as
+    ``[size_1, .., 1, 1]``, to add to ids ``[c, m, X]``."""
     out = torch.zeros((), dtype=ids.dtype, device=ids.device)
     for size, step in axes:
         out = out[..., None] + torch.arange(size, device=ids.device) * step
@@ -313,7 +308,8 @@ class _BlockSDPA(torch.autograd.Function):
             del k_s
             d_k_s = torch.bmm(d_s.transpose(1, 2), q_s)  # dK = dSᵀ Q·scale
             del d_s, q_s
-            _add_kv_back(d_kv, d_kg, d_vg, k_ids, heads, part, d_k_s.view(B, c * m, -1, d), d_v_s.view(B, c * m, -1, d))
+            d_k_s, d_v_s = d_k_s.view(B, c * m, -1, d), d_v_s.view(B, c * m, -1, d)
+            _add_kv_back(d_kv, d_kg, d_vg, k_ids, heads, part, d_k_s, d_v_s)
             del d_k_s, d_v_s  # before the next chunk is gathered
         d_k, d_v = _kv_grads(d_kv, k_ids)
         return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None

@@ -96,8 +96,9 @@ def _grad_weights(index: Tensor, prefix: int, dtype: torch.dtype) -> Tensor:
 
 def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows: slice, scale: float,
             dtype: torch.dtype, out: Optional[Tensor] = None) -> Tensor:
-    """``(QKᵀ·scale + bias (+ mask))·log2 e`` ``[r·h, T, T]`` in ``dtype`` of windows ``windows`` (rows ``b·nW + w``:
-    mask ``w``): the scores in log2 units, for ``exp2`` (:data:`~vitzoo.attention.base.LOG2E`); into ``out`` if given."""
+    """``(QKᵀ·scale + bias (+ mask))·log2 e`` ``[r·h, T, T]`` in ``dtype`` of windows ``windows`` (rows
+    ``b·nW + w``: mask ``w``): the scores in log2 units, for ``exp2`` (:data:`~vitzoo.attention.base.LOG2E`);
+    into ``out`` if given."""
     r, (h, T, _) = windows.stop - windows.start, bias.shape
     s = q.new_empty(r, h, T, T, dtype=dtype) if out is None else out.view(r, h, T, T)  # QKᵀ is accumulated into it
     if mask is None:
