@@ -5,8 +5,8 @@ gives the mask a gradient), which stores the ``[B·nW, h, T, T]`` probabilities 
 q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B, N, 3C]`` of the tokens in their order
 (so the projection saves its input, not a partitioned copy) and the window index, and returns merged heads
 ``[B, N, C]`` in token order (what the output projection takes); it saves only ``qkv``, the bias and the
-log-sum-exp ``[B·nW, h, T]``, recomputes the probabilities in backward and adds the q/k/v gradients into
-one ``[B, N, 3C]`` buffer. Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
+log-sum-exp ``[B·nW, h, T]``, recomputes the probabilities in backward (windows no longer than a head is wide
+keep them instead: :func:`_keeps_probs`) and adds the q/k/v gradients into one ``[B, N, 3C]`` buffer. Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
 (:data:`~vitzoo.attention.base.LOG2E`). Both passes work through blocks of windows whose scores stay cache-sized
 (:data:`SCORE_ELEMENTS`). Autocast is off inside: the matmuls take q, k, v in
 their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
