@@ -11,28 +11,17 @@ and the ratio per block pair (the machine's drift cancels in a ratio measured th
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import statistics
-import subprocess
+import importlib
 import sys
-import time
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from vitzoo.bench.memory import _malloc_live
+from vitzoo.bench.revision import load_revision
+from vitzoo.bench.timing import time_fns
 
-ROOT = Path(__file__).resolve().parents[1]
-CORE = "vitzoo/attention/_kernel_core.py"
-
-
-def load(path: Path, name: str) -> ModuleType:
-    """Imports the file at ``path`` as module ``name``."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+CORE = "vitzoo.attention._kernel_core"
 
 
 def main() -> None:
@@ -44,12 +33,11 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per side (alternating)")
     args = p.parse_args()
     _malloc_live(False)  # the benchmark's steady thresholds: freed tensors stay in the heap
-    src = subprocess.run(["git", "show", f"{args.rev}:{CORE}"], cwd=ROOT, capture_output=True, text=True)
-    if src.returncode:
-        sys.exit(f"git show {args.rev}:{CORE} failed: {src.stderr.strip()} (pass --rev a revision of this repository)")
-    old_path = Path(f"/tmp/vitzoo_kernel_core_{args.rev.replace('/', '_')}.py")
-    old_path.write_text(src.stdout)
-    a, b = load(old_path, "core_a"), load(ROOT / CORE, "core_b")
+    try:
+        a = load_revision(CORE, args.rev)
+    except ValueError as e:
+        sys.exit(f"{e} (pass --rev a revision of this repository)")
+    b = importlib.import_module(CORE)
 
     torch.manual_seed(0)
     B, h, d, m, N = 4, 4, 32, args.features, args.tokens
@@ -68,23 +56,11 @@ def main() -> None:
 
     (ya, ga), (yb, gb) = (tuple(t.clone() for t in step(core)) for core in (a, b))
     print(f"max |A - B|: output {(ya - yb).abs().max().item():.3g}, qkv gradient {(ga - gb).abs().max().item():.3g}")
-
-    def block(core: ModuleType, steps: int = 4) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            step(core)
-        return (time.perf_counter() - start) / steps
-
-    for core in (a, b):
-        block(core, 2)  # warm-up
-    times: dict[str, list[float]] = {"a": [], "b": []}
-    for i in range(args.blocks):
-        for name, core in ((("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a))):  # ABBA
-            times[name].append(block(core))
-    ta, tb = statistics.median(times["a"]), statistics.median(times["b"])
-    pairs = [round(x / y, 3) for x, y in zip(times["a"], times["b"])]
-    print(f"{args.kind} N={N} m={m}: A ({args.rev}) {ta * 1e3:.1f} ms, B (working tree) {tb * 1e3:.1f} ms, "
-          f"B faster by {ta / tb:.3f}x (per block pair {pairs})")
+    t = time_fns({"a": lambda: step(a), "b": lambda: step(b)}, torch.device("cpu"), warmup=2, repeats=args.blocks,
+                 min_time=0, max_time=0, iters=4)  # alternating blocks (ABBA)
+    pairs = [round(x / y, 3) for x, y in zip(t["a"].seconds, t["b"].seconds)]
+    print(f"{args.kind} N={N} m={m}: A ({args.rev}) {t['a'].median * 1e3:.1f} ms, B (working tree) "
+          f"{t['b'].median * 1e3:.1f} ms, B faster by {t['a'].median / t['b'].median:.3f}x (per block pair {pairs})")
 
 
 if __name__ == "__main__":

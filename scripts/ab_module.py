@@ -15,36 +15,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import math
-import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
 import torch
 
 from vitzoo.bench.memory import _malloc_live
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_revision(name: str, rev: str) -> ModuleType:
-    """Module ``name`` (dotted) as it is at git revision ``rev``, imported under a separate name."""
-    rel = name.replace(".", "/") + ".py"
-    src = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT, capture_output=True, text=True)
-    if src.returncode:
-        sys.exit(f"git show {rev}:{rel} failed: {src.stderr.strip()} (pass --rev a revision of this repository "
-                 f"and --module a dotted vitzoo module)")
-    path = Path(f"/tmp/vitzoo_ab_{rev.replace('/', '_')}_{name.replace('.', '_')}.py")
-    path.write_text(src.stdout)
-    spec = importlib.util.spec_from_file_location(f"ab_{name.replace('.', '_')}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from vitzoo.bench.revision import load_revision
+from vitzoo.bench.timing import time_fns
 
 
 def importer_slots(name: str, old: ModuleType) -> list[tuple[ModuleType, str, object, object]]:
@@ -108,34 +88,31 @@ def main() -> None:
     _malloc_live(False)  # the benchmark's steady thresholds: freed tensors stay in the heap
     torch.manual_seed(0)
     step, _ = model_step(args.model, args.attention) if args.model else layer_step(args.attention, args.tokens)
-    slots = [s for name in args.module for s in importer_slots(name, load_revision(name, args.rev))]
+    try:
+        slots = [s for name in args.module for s in importer_slots(name, load_revision(name, args.rev))]
+    except ValueError as e:
+        sys.exit(f"{e} (pass --rev a revision of this repository and --module a dotted vitzoo module)")
     if not slots:
         sys.exit(f"no vitzoo module imports anything from {args.module}: nothing to swap (pass --module a module "
                  "whose functions or classes other modules import)")
 
-    def run(side: str, n: int) -> torch.Tensor:
+    def call(side: str) -> torch.Tensor:
+        """One step with the revision's objects (A) or the working tree's (B) bound to the importers' names."""
         for module, attr, new, old in slots:
             setattr(module, attr, old if side == "A" else new)
         try:
-            for _ in range(n):
-                out = step()
+            return step()
         finally:
             for module, attr, new, _old in slots:
                 setattr(module, attr, new)
-        return out
 
-    ga, gb = run("A", 2), run("B", 2)  # warm-up, and both sides' gradients
-    scale = ga.abs().max().item()
+    ga, gb = call("A"), call("B")  # both sides' gradients
     print(f"swapped {len(slots)} names: {sorted({f'{m.__name__}.{a}' for m, a, _, _ in slots})}")
-    print(f"max |A - B| of the gradients: {(ga - gb).abs().max().item():.3g} (largest |A|: {scale:.3g})")
-    times = {"A": [], "B": []}
-    for block in range(args.blocks):
-        for side in ("A", "B") if block % 2 == 0 else ("B", "A"):
-            t = time.perf_counter()
-            run(side, args.steps)
-            times[side].append((time.perf_counter() - t) / args.steps)
-    a, b = statistics.median(times["A"]), statistics.median(times["B"])
-    pairs = [round(x / y, 3) for x, y in zip(times["A"], times["B"])]
+    print(f"max |A - B| of the gradients: {(ga - gb).abs().max().item():.3g} (largest |A|: {ga.abs().max().item():.3g})")
+    t = time_fns({"A": lambda: call("A"), "B": lambda: call("B")}, torch.device("cpu"), warmup=2,
+                 repeats=args.blocks, min_time=0, max_time=0, iters=args.steps)  # alternating blocks (ABBA)
+    a, b = t["A"].median, t["B"].median
+    pairs = [round(x / y, 3) for x, y in zip(t["A"].seconds, t["B"].seconds)]
     what = f"{args.model} + {args.attention}" if args.model else f"{args.attention} layer, {args.tokens} tokens"
     print(f"{what}: A ({args.rev}) {a * 1e3:.1f} ms, B (working tree) {b * 1e3:.1f} ms per step; "
           f"B faster by {a / b:.3f}x (blocks {pairs})")
