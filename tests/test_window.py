@@ -25,6 +25,7 @@ import torch
 
 import vitzoo
 from vitzoo.attention import MixerContext, build_attention
+from vitzoo.attention.window import window_index
 
 M = 4
 # (grid, prefix tokens): divisible, padded by M/2 (6 = 4 + 2, 10 = 8 + 2), padded by other amounts (7 = 4 + 3,
@@ -173,6 +174,31 @@ def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
         mask.diagonal(dim1=1, dim2=2).zero_()  # no all-masked row
     core = _window_core.WindowCore.apply
     assert torch.autograd.gradcheck(lambda a, b: core(a, index, prefix, b, mask, h, d ** -0.5), (qkv, bias))
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
+@pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_block", "blocks"])
+def test_window_core_plain_partition(chunk, keep, monkeypatch):
+    """A plain partition (no shift, padding or prefix) read through strided views (``partition``) gives the
+    gathered path's outputs and gradients, and finite differences agree with its backward (float64); with small
+    blocks they hold whole rows of windows."""
+    from vitzoo.attention import _window_core
+
+    monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
+    monkeypatch.setattr(_window_core, "_keeps_probs", lambda T, head_dim: keep)
+    torch.manual_seed(0)
+    (H, W), window, h, d = (4, 6), 2, 2, 3
+    index, _ = window_index((H, W), window, 0, 0)  # [nW, M²]
+    qkv = torch.randn(2, H * W, 3 * h * d, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(h, window ** 2, window ** 2, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, H * W, h * d, dtype=torch.float64)
+    core = _window_core.WindowCore.apply
+    plain = core(qkv, index, 0, bias, None, h, d ** -0.5, (H, W, window))
+    gathered = core(qkv, index, 0, bias, None, h, d ** -0.5)
+    torch.testing.assert_close(plain, gathered, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(plain, (qkv, bias), g), torch.autograd.grad(gathered, (qkv, bias), g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: core(a, index, 0, b, None, h, d ** -0.5, (H, W, window)), (qkv, bias))
 
 
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])

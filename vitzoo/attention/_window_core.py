@@ -4,9 +4,13 @@ SDPA with the learned relative position bias as its mask takes the math kernel o
 gives the mask a gradient), which stores the ``[B·nW, h, T, T]`` probabilities and contiguous copies of
 q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B, N, 3C]`` of the tokens in their order
 (so the projection saves its input, not a partitioned copy) and the window index, and returns merged heads
-``[B, N, C]`` in token order (what the output projection takes); it saves only ``qkv``, the bias and the
-log-sum-exp ``[B·nW, h, T]``, recomputes the probabilities in backward (windows no longer than a head is wide
-keep them instead: :func:`_keeps_probs`) and adds the q/k/v gradients into one ``[B, N, 3C]`` buffer. Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
+``[B, N, C]`` in token order (what the output projection takes). Forward copies each window's q, k and v heads
+into one ``[3, B·nW·h, T, d]`` buffer, the same size as ``qkv``, and saves it in place of ``qkv`` (backward reads
+them without a second gather), with the bias and the log-sum-exp ``[B·nW, h, T]``; it recomputes the
+probabilities in backward (windows no longer than a head is wide keep them instead: :func:`_keeps_probs`) and
+adds the q/k/v gradients into one ``[B, N, 3C]`` buffer. Windows that just tile the grid (no shift, padding or
+prefix) are read and written through strided views (:class:`_GridSlots`), the others through their rows
+(:class:`_GatheredSlots`). Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
 (:data:`~vitzoo.attention.base.LOG2E`). Both passes work through blocks of windows whose scores stay cache-sized
 (:data:`SCORE_ELEMENTS`). Autocast is off inside: the matmuls take q, k, v in
 their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
@@ -36,9 +40,11 @@ def core_applies(qkv: Tensor, p_drop: float) -> bool:
 SCORE_ELEMENTS = 1 << 18
 
 
-def _blocks(R: int, per_window: int) -> list[slice]:
-    """Window ranges of about :data:`SCORE_ELEMENTS` scores per thread (``per_window`` = h·T² each)."""
+def _blocks(R: int, per_window: int, align: int = 1) -> list[slice]:
+    """Window ranges of about :data:`SCORE_ELEMENTS` scores per thread (``per_window`` = h·T² each), each a
+    multiple of ``align`` windows (``R`` is one)."""
     step = max(1, SCORE_ELEMENTS * max(1, torch.get_num_threads()) // per_window)
+    step = max(align, step // align * align)
     return [slice(i, min(i + step, R)) for i in range(0, R, step)]
 
 
@@ -46,13 +52,6 @@ def _heads(t: Tensor) -> Tensor:
     """``t[r, T, h, d]`` (a strided view) -> contiguous ``[r·h, T, d]``: one copy."""
     r, T, h, d = t.shape
     return t.transpose(1, 2).reshape(r * h, T, d)
-
-
-def _gather_heads(flat: Tensor, rows: Tensor, r: int, heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v ``[r·h, T, d]`` of the slots reading rows ``rows[r·T]`` of ``flat[B·N, 3C]`` (one gathered copy,
-    freed on return, then one copy each)."""
-    parts = flat.index_select(0, rows).view(r, -1, 3, heads, flat.shape[1] // (3 * heads))  # [r, T, 3, h, d]
-    return tuple(_heads(parts[:, :, i]) for i in range(3))
 
 
 def _put(dst: Tensor, src: Tensor) -> None:
@@ -81,11 +80,6 @@ def _copy_rows(dst: Tensor, rows: Tensor, src: Tensor) -> None:
     dst.index_copy_(0, rows, src)
 
 
-def _images(windows: slice, nw: int) -> Tensor:
-    """The image of each row ``b·nW + w`` in ``windows``."""
-    return torch.arange(windows.start, windows.stop) // nw
-
-
 def _grad_weights(index: Tensor, prefix: int, dtype: torch.dtype) -> Tensor:
     """``[nW, T]`` share of each slot in its token's output: 1, 1/nW for the P prefix slots (the output is the
     mean over the windows), 0 for padding (dropped)."""
@@ -94,20 +88,138 @@ def _grad_weights(index: Tensor, prefix: int, dtype: torch.dtype) -> Tensor:
     return weight
 
 
-def _scores(q: Tensor, k: Tensor, bias: Tensor, mask: Optional[Tensor], windows: slice, scale: float,
-            dtype: torch.dtype, out: Optional[Tensor] = None) -> Tensor:
-    """``(QKᵀ·scale + bias (+ mask))·log2 e`` ``[r·h, T, T]`` in ``dtype`` of windows ``windows`` (rows
-    ``b·nW + w``: mask ``w``): the scores in log2 units, for ``exp2`` (:data:`~vitzoo.attention.base.LOG2E`);
-    into ``out`` if given."""
-    r, (h, T, _) = windows.stop - windows.start, bias.shape
-    s = q.new_empty(r, h, T, T, dtype=dtype) if out is None else out.view(r, h, T, T)  # QKᵀ is accumulated into it
-    if mask is None:
-        torch.mul(bias.expand(r, h, T, T), LOG2E, out=s)
+class _GatheredSlots:
+    """Windows read through ``index[nW, T]`` (the token of each slot: P prefix tokens, then grid tokens or -1 for
+    padding): each block of windows gathers its rows of the tokens ``[B, N, ·]`` and copies its outputs into
+    them; the prefix slots' outputs are summed per image, padding slots' dropped.
+
+    Args:
+        index: ``[nW, T]``. prefix: P. images, tokens: B, N.
+    """
+
+    def __init__(self, index: Tensor, prefix: int, images: int, tokens: int):
+        self.index, self.prefix, self.images, self.tokens = index, prefix, images, tokens
+        self.read_rows, self.write_rows = _slot_rows(index, images, tokens, prefix)  # [B·nW, T] each
+        self.weight: Optional[Tensor] = None  # the slots' gradient shares [B·nW, T], made by read_grad
+
+    def blocks(self, per_window: int) -> list[slice]:
+        return _blocks(self.read_rows.shape[0], per_window)
+
+    def _rows(self, x: Tensor, win: slice) -> Tensor:
+        """The slots' rows of ``x[B, N, width]`` as ``[r, T, width]`` (one gathered copy)."""
+        rows = x.view(-1, x.shape[-1]).index_select(0, self.read_rows[win].flatten())
+        return rows.view(win.stop - win.start, -1, x.shape[-1])
+
+    def read_parts(self, x: Tensor, win: slice, heads: int, dst: Tensor) -> None:
+        """Copies the heads of the k parts side by side in ``x[B, N, k·h·d]`` (q|k|v) into ``dst[k, r·h, T, d]``."""
+        rows = self._rows(x, win)
+        rows = rows.view(*rows.shape[:2], dst.shape[0], heads, -1)  # [r, T, k, h, d]
+        for i, part in enumerate(dst):  # a copy per part: 1.5x faster than one copy of all
+            part.view(-1, heads, *part.shape[1:]).copy_(rows[:, :, i].transpose(1, 2))
+
+    def read_grad(self, grad: Tensor, win: slice, heads: int) -> Tensor:
+        """Heads ``[r·h, T, d]`` of the output gradient ``grad[B, N, h·d]`` at the slots, times each slot's share
+        (:func:`_grad_weights`): padding slots get 0, prefix slots 1/nW."""
+        rows = self._rows(grad, win)
+        rows = rows.view(*rows.shape[:2], heads, -1)  # [r, T, h, d]
+        if self.weight is None and (self.prefix or bool(self.index.min() < 0)):
+            self.weight = _grad_weights(self.index, self.prefix, rows.dtype).repeat(self.images, 1)
+        if self.weight is not None:
+            rows.mul_(self.weight[win, :, None, None])
+        return _heads(rows)
+
+    def output(self, like: Tensor, width: int) -> tuple[Tensor, Tensor]:
+        """Empty token rows ``[B·N + 1, width]`` (the last takes prefix and padding slots) and the prefix sums
+        ``[B, P, width]``."""
+        return like.new_empty(self.images * self.tokens + 1, width), like.new_zeros(self.images, self.prefix, width)
+
+    def write(self, out: Tensor, prefix_sum: Tensor, win: slice, parts: list[Tensor], heads: int) -> None:
+        """Copies the heads ``[r·h, T, d]`` of ``parts`` (side by side) into the slots' rows of ``out``."""
+        r, T = win.stop - win.start, self.read_rows.shape[1]
+        rows = out.new_empty(r, T, len(parts), heads, parts[0].shape[-1])
+        for i, part in enumerate(parts):
+            _put(rows[:, :, i], part)
+        _copy_rows(out, self.write_rows[win].flatten(), rows.view(r * T, -1))
+        if self.prefix:
+            images = torch.arange(win.start, win.stop) // self.index.shape[0]  # the image of each window
+            prefix_sum.index_add_(0, images, rows.view(r, T, -1)[:, :self.prefix])
+
+    def tokens_of(self, out: Tensor, prefix_sum: Tensor, prefix_scale: float) -> Tensor:
+        """``[B, N, width]``: the token rows of ``out``, the prefix tokens' rows the prefix sums × ``prefix_scale``."""
+        tokens = out[:self.images * self.tokens].view(self.images, self.tokens, -1)
+        if self.prefix:
+            tokens[:, :self.prefix] = prefix_sum * prefix_scale
+        return tokens
+
+
+class _GridSlots:
+    """Windows that tile a grid of tokens, ``partition`` = (H, W, M): no shift, padding or prefix. Slots are read
+    and outputs written through strided views of the tokens ``[B, H·W, ·]``, without gathered copies; blocks hold
+    whole rows of windows.
+
+    Args:
+        partition: (H, W, M). images: B.
+    """
+
+    def __init__(self, partition: tuple[int, int, int], images: int):
+        H, W, self.M = partition
+        self.images, self.tokens = images, H * W
+        self.strips, self.align = images * H // self.M, W // self.M  # rows of windows, windows per row
+
+    def blocks(self, per_window: int) -> list[slice]:
+        return _blocks(self.strips * self.align, per_window, self.align)
+
+    def _windows(self, x: Tensor, win: slice, heads: int, parts: int) -> Tensor:
+        """``x[B, H·W, parts·h·d]`` -> the strided view ``[s, W/M, parts, h, M, M, d]`` of the windows ``win``."""
+        M, d = self.M, x.shape[-1] // (parts * heads)
+        x = x.view(self.strips, M, self.align, M, parts, heads, d)[win.start // self.align:win.stop // self.align]
+        return x.permute(0, 2, 4, 5, 1, 3, 6)  # [s, W/M, parts, h, M, M, d]
+
+    def read_parts(self, x: Tensor, win: slice, heads: int, dst: Tensor) -> None:
+        """Copies the heads of the k parts side by side in ``x[B, N, k·h·d]`` (q|k|v) into ``dst[k, r·h, T, d]``."""
+        view = self._windows(x, win, heads, dst.shape[0])  # [s, W/M, k, h, M, M, d]
+        for i, part in enumerate(dst):  # a copy per part: 1.5x faster than one copy of all
+            part.view(view[:, :, i].shape).copy_(view[:, :, i])
+
+    def read_grad(self, grad: Tensor, win: slice, heads: int) -> Tensor:
+        """Heads ``[r·h, T, d]`` of the output gradient ``grad[B, N, h·d]`` (every slot's share is 1)."""
+        d_o = grad.new_empty(1, (win.stop - win.start) * heads, self.M * self.M, grad.shape[-1] // heads)
+        self.read_parts(grad, win, heads, d_o)
+        return d_o[0]
+
+    def output(self, like: Tensor, width: int) -> tuple[Tensor, None]:
+        """Empty tokens ``[B, N, width]`` (no prefix sums)."""
+        return like.new_empty(self.images, self.tokens, width), None
+
+    def write(self, out: Tensor, prefix_sum: None, win: slice, parts: list[Tensor], heads: int) -> None:
+        """Copies the heads ``[r·h, T, d]`` of ``parts`` (side by side) into the windows' tokens of ``out``."""
+        view = self._windows(out, win, heads, len(parts))
+        for i, part in enumerate(parts):
+            view[:, :, i].copy_(part.view(view[:, :, i].shape))
+
+    def tokens_of(self, out: Tensor, prefix_sum: None, prefix_scale: float) -> Tensor:
+        return out
+
+
+def _score_base(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """``(bias + mask)·log2 e`` ``[nW, h, T, T]`` (``[1, h, T, T]`` without a mask) in ``dtype``: what the scores of
+    window ``w`` start from."""
+    base = bias[None] if mask is None else bias + mask[:, None]  # [nW or 1, h, T, T]
+    return base.to(dtype) * LOG2E
+
+
+def _scores(q: Tensor, k: Tensor, base: Tensor, windows: slice, scale: float, out: Optional[Tensor] = None) -> Tensor:
+    """``(QKᵀ·scale + bias (+ mask))·log2 e`` ``[r·h, T, T]`` of windows ``windows`` (rows ``b·nW + w`` start from
+    ``base[w % len(base)]``, :func:`_score_base`): the scores in log2 units, for ``exp2``
+    (:data:`~vitzoo.attention.base.LOG2E`); into ``out`` if given."""
+    r, (nb, h, T, _) = windows.stop - windows.start, base.shape
+    s = q.new_empty(r, h, T, T, dtype=base.dtype) if out is None else out.view(r, h, T, T)  # QKᵀ is added to it
+    if windows.start % nb == 0 and r % nb == 0:  # whole images: broadcast
+        s.view(r // nb, nb, h, T, T).copy_(base)
     else:
-        rows = torch.arange(windows.start, windows.stop, device=mask.device) % mask.shape[0]  # window of each row
-        torch.add(bias, mask.index_select(0, rows)[:, None], out=s).mul_(LOG2E)
+        torch.index_select(base, 0, torch.arange(windows.start, windows.stop, device=base.device) % nb, out=s)
     s = s.view(r * h, T, T)
-    if q.dtype == dtype:
+    if q.dtype == s.dtype:
         return s.baddbmm_(q, k.transpose(1, 2), alpha=scale * LOG2E)  # QKᵀ: T·T·d per window and head
     return s.add_(torch.bmm(q, k.transpose(1, 2)), alpha=scale * LOG2E)  # bfloat16/half QKᵀ, float32 scores
 
@@ -136,89 +248,64 @@ class WindowCore(torch.autograd.Function):
     """``qkv[B, N, 3C]`` (tokens in order; q|k|v side by side, heads inside each), ``index[nW, T]`` (the token
     each window slot reads: the P prefix tokens first, then grid tokens or -1 for padding; constant), ``prefix``
     (P), ``bias[h, T, T]``, ``mask[nW, T, T]`` or None (window ``r % nW`` of row r; constant; it must mask padding
-    slots as keys) -> merged heads ``[B, N, C]`` in token order (a prefix token gets the mean of its outputs over
-    the windows), with the bias' gradient. Each block of windows gathers its q|k|v rows (again in backward) and
-    copies its outputs (q/k/v gradients) into the token rows; prefix slots are summed per image."""
+    slots as keys), ``partition``: (H, W, M) when ``index`` is the plain partition of an H×W grid into M×M windows
+    (no shift, padding or prefix) or None -> merged heads ``[B, N, C]`` in token order (a prefix token gets the mean
+    of its outputs over the windows), with the bias' gradient. Each block of windows reads its q|k|v rows (again in
+    backward) and writes its outputs (q/k/v gradients) into the token rows: through gathers and row copies
+    (:class:`_GatheredSlots`), or through strided views of a plain partition (:class:`_GridSlots`)."""
 
     @staticmethod
     def forward(ctx: Any, qkv: Tensor, index: Tensor, prefix: int, bias: Tensor, mask: Optional[Tensor], heads: int,
-                scale: float) -> Tensor:
+                scale: float, partition: Optional[tuple[int, int, int]] = None) -> Tensor:
         B, N, C3 = qkv.shape
         nw, T = index.shape
         dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-        flat = qkv.view(B * N, C3)
-        out = qkv.new_empty(B * N + 1, C3 // 3)  # the last row takes the prefix and padding slots' outputs
-        prefix_sum = qkv.new_zeros(B, prefix, C3 // 3)
+        slots = _GridSlots(partition, B) if partition else _GatheredSlots(index, prefix, B, N)
+        out, prefix_sum = slots.output(qkv, C3 // 3)
         keep = _keeps_probs(T, C3 // (3 * heads))
         stats = torch.empty(B * nw * heads, T, T if keep else 1, dtype=dtype, device=qkv.device)  # probs or lse
-        read, write = _slot_rows(index, B, N, prefix)
+        base = _score_base(bias, mask, dtype)
+        q_k_v = qkv.new_empty(3, B * nw * heads, T, C3 // (3 * heads))  # the windows' heads, kept for backward
         with torch.autocast(qkv.device.type, enabled=False):
-            for win in _blocks(B * nw, heads * T * T):
-                q, k, v = _gather_heads(flat, read[win].flatten(), win.stop - win.start, heads)  # [r·h, T, d]
-                rows = stats[win.start * heads:win.stop * heads]
-                s = _scores(q, k, bias, mask, win, scale, dtype, rows if keep else None)
-                p = _softmax_(s, None if keep else rows)
-                o = torch.bmm(p.to(v.dtype), v)  # AV: T·T·d
-                o = o.view(-1, heads, T, o.shape[-1]).transpose(1, 2).reshape(-1, T, C3 // 3)  # [r, T, C]
-                _copy_rows(out, write[win].flatten(), o.view(-1, C3 // 3))
-                if prefix:
-                    prefix_sum.index_add_(0, _images(win, nw), o[:, :prefix])
-        ctx.save_for_backward(qkv, index, bias, mask, stats)
-        ctx.prefix, ctx.heads, ctx.scale, ctx.keep = prefix, heads, scale, keep
-        tokens = out[:B * N].view(B, N, C3 // 3)
-        tokens[:, :prefix] = prefix_sum / nw
-        return tokens
+            for win in slots.blocks(heads * T * T):
+                rows = slice(win.start * heads, win.stop * heads)
+                slots.read_parts(qkv, win, heads, q_k_v[:, rows])
+                q, k, v = q_k_v[:, rows]  # [r·h, T, d]
+                rows = stats[rows]
+                p = _softmax_(_scores(q, k, base, win, scale, rows if keep else None), None if keep else rows)
+                slots.write(out, prefix_sum, win, [torch.bmm(p.to(v.dtype), v)], heads)  # AV: T·T·d
+        ctx.save_for_backward(q_k_v, base, stats)
+        ctx.slots, ctx.heads, ctx.scale, ctx.keep, ctx.bias_dtype = slots, heads, scale, keep, bias.dtype
+        return slots.tokens_of(out, prefix_sum, 1 / nw)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        qkv, index, bias, mask, stats = ctx.saved_tensors
-        B, N, C3 = qkv.shape
-        nw, T = index.shape
-        flat, weight = qkv.view(B * N, C3), _grad_weights(index, ctx.prefix, grad.dtype).repeat(B, 1)
-        read, write = _slot_rows(index, B, N, ctx.prefix)
-        grad = grad.reshape(B * N, C3 // 3)
-        d_qkv = qkv.new_empty(B * N + 1, C3)  # the last row takes the prefix and padding slots' gradients
-        d_prefix = qkv.new_zeros(B, ctx.prefix, C3)
-        d_bias = torch.zeros(bias.shape, dtype=stats.dtype, device=bias.device)
-        with torch.autocast(qkv.device.type, enabled=False):
-            for win in _blocks(B * nw, 2 * ctx.heads * T * T):  # half the forward's windows: a lower peak
-                d_parts = _block_backward(flat, grad, read[win].flatten(), weight[win], win, bias, mask, stats,
-                                          ctx.keep, ctx.heads, ctx.scale, d_bias)  # [r, T, 3C]
-                _copy_rows(d_qkv, write[win].flatten(), d_parts.view(-1, C3))
-                if ctx.prefix:
-                    d_prefix.index_add_(0, _images(win, nw), d_parts[:, :ctx.prefix])
-                del d_parts  # before the next block's temporaries
-        d_tokens = d_qkv[:B * N].view(B, N, C3)
-        d_tokens[:, :ctx.prefix] = d_prefix
-        return d_tokens, None, None, d_bias.to(bias.dtype), None, None, None
+        q_k_v, base, stats = ctx.saved_tensors
+        slots, heads, T = ctx.slots, ctx.heads, base.shape[-1]
+        grad = grad.contiguous()
+        d_qkv, d_prefix = slots.output(q_k_v, 3 * grad.shape[-1])
+        d_bias = torch.zeros(base.shape[1:], dtype=stats.dtype, device=base.device)
+        with torch.autocast(grad.device.type, enabled=False):
+            for win in slots.blocks(2 * heads * T * T):  # half the forward's windows: a lower peak
+                q, k, v = q_k_v[:, win.start * heads:win.stop * heads]  # [r·h, T, d]
+                d_o = slots.read_grad(grad, win, heads)
+                rows = stats[win.start * heads:win.stop * heads]
+                p = rows if ctx.keep else _scores(q, k, base, win, ctx.scale).sub_(rows).exp2_()  # probabilities
+                slots.write(d_qkv, d_prefix, win, _window_backward(q, k, v, d_o, p, heads, ctx.scale, d_bias), heads)
+        return (slots.tokens_of(d_qkv, d_prefix, 1.0), None, None, d_bias.to(ctx.bias_dtype), None, None, None, None)
 
 
-def _block_backward(flat: Tensor, grad: Tensor, read: Tensor, weight: Tensor, win: slice, bias: Tensor,
-                    mask: Optional[Tensor], stats: Tensor, kept: bool, heads: int, scale: float,
-                    d_bias: Tensor) -> Tensor:
-    """The q|k|v gradients ``[r, T, 3C]`` of the slots of windows ``win`` (adds the bias gradient to ``d_bias``).
+def _window_backward(q: Tensor, k: Tensor, v: Tensor, d_o: Tensor, p: Tensor, heads: int, scale: float,
+                     d_bias: Tensor) -> list[Tensor]:
+    """``[dQ, dK, dV]`` ``[r·h, T, d]`` of a block of windows (adds the bias gradient to ``d_bias[h, T, T]``).
 
     Args:
-        flat: ``qkv[B·N, 3C]``. grad: output gradient ``[B·N, C]``. read: :func:`_slot_rows`' read rows ``[r·T]``.
-        weight: the slots' :func:`_grad_weights` ``[r, T]``. bias, mask, heads, scale: as in forward.
-        stats: the forward's probabilities ``[B·nW·h, T, T]`` (``kept``) or log-sum-exp ``[B·nW·h, T, 1]``.
+        q, k, v, d_o: ``[r·h, T, d]``, the output gradient weighted by each slot's share. p: the probabilities
+        ``[r·h, T, T]``. heads, scale: as in forward.
     """
-    (r, T), C3 = weight.shape, flat.shape[1]
-    q, k, v = _gather_heads(flat, read, r, heads)  # [r·h, T, d]
-    d_o = _heads(grad.index_select(0, read).view(r, T, heads, -1).mul_(weight[:, :, None, None]))
-    rows = stats[win.start * heads:win.stop * heads]
-    p = rows if kept else _scores(q, k, bias, mask, win, scale, stats.dtype).sub_(rows).exp2_()  # probabilities
     d_s = torch.bmm(d_o, v.transpose(1, 2)).to(p.dtype).mul_(p)  # P ⊙ dP, dP = dO Vᵀ
-    del v
     d_v = torch.bmm(p.to(d_o.dtype).transpose(1, 2), d_o)  # dV = Pᵀ dO
-    del d_o
     d_s.addcmul_(p, d_s.sum(-1, keepdim=True), value=-1)  # dS = P ⊙ (dP - rowsum(P ⊙ dP))
-    del p
-    d_bias += d_s.view(-1, heads, T, T).sum(0)
+    d_bias += d_s.view(-1, heads, *d_s.shape[1:]).sum(0)
     d_s = d_s.mul_(scale).to(q.dtype)
-    d_parts = flat.new_empty(r, T, 3, heads, C3 // (3 * heads))
-    _put(d_parts[:, :, 2], d_v)
-    del d_v
-    _put(d_parts[:, :, 0], torch.bmm(d_s, k))  # dQ = dS K·scale
-    _put(d_parts[:, :, 1], torch.bmm(d_s.transpose(1, 2), q))  # dK = dSᵀ Q·scale
-    return d_parts.view(r, T, C3)
+    return [torch.bmm(d_s, k), torch.bmm(d_s.transpose(1, 2), q), d_v]  # dQ = dS K·scale, dK = dSᵀ Q·scale

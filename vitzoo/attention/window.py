@@ -170,12 +170,18 @@ class WindowAttention(QKVAttention):
         """:func:`window_index` at ``grid``: the slots' tokens ``[nW, P + M²]`` and the grid tokens' slots ``[H·W]``."""
         return window_index(tuple(grid), self.window_size, self.shift_size(grid), self.num_prefix, device)
 
+    def plain_partition(self, grid: Grid) -> Optional[tuple[int, int, int]]:
+        """(H, W, M) when the windows at ``grid`` just tile it (no shift, padding or prefix tokens), else None."""
+        M = self.window_size
+        plain = not self.num_prefix and not self.shift_size(grid) and padded_grid(grid, M) == tuple(grid)
+        return (*grid, M) if plain else None
+
     def position_bias(self) -> Tensor:
         """``[h, T, T]`` relative position bias, zero on prefix rows and columns (T = P + M²)."""
         M2 = self.window_size ** 2
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]  # [M²·M², h]
         bias = bias.view(M2, M2, -1).permute(2, 0, 1)  # [h, M², M²]
-        return F.pad(bias, (self.num_prefix, 0, self.num_prefix, 0))
+        return F.pad(bias, (self.num_prefix, 0, self.num_prefix, 0)) if self.num_prefix else bias
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         """Args: x: ``[B, P + H·W, C]`` (prefix tokens first); grid: (H, W). Returns ``[B, P + H·W, C]``.
@@ -192,7 +198,8 @@ class WindowAttention(QKVAttention):
         bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
         if core_applies(qkv, p):
-            out = WindowCore.apply(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale)  # [B, N, C]
+            out = WindowCore.apply(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale,
+                                   self.plain_partition(grid))  # [B, N, C]
         else:
             out = self.attend_windows(qkv, gather, scatter, bias, mask, p)
         return self.proj_drop(self.proj(out))
