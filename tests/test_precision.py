@@ -265,13 +265,15 @@ def test_compile_option_is_a_bool(tmp_path):
                          ids=["plain", "shifted", "padded", "padded_shifted"])
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
-    """Every window block calls SDPA with 4-D q/k/v and mask: in inference it takes a fused CPU kernel,
-    never the math path. (In training on CPU the learned bias needs a mask gradient, which only the
-    math kernel gives; on CUDA the memory-efficient kernel takes it, also only for 4-D inputs.)"""
+    """Where window blocks call SDPA (CUDA, dropout, tracing; on the CPU the window core runs them, made to take
+    SDPA here) they give it 4-D q/k/v and mask: in inference it takes a fused CPU kernel, never the math path. (In
+    training on CPU the learned bias needs a mask gradient, which only the math kernel gives; on CUDA the
+    memory-efficient kernel takes it, also only for 4-D inputs.)"""
     import vitzoo.attention.window as window
 
     attn = make_attention("window", grid, prefix, shifted=shifted)
     dims = []
+    monkeypatch.setattr(window, "core_applies", lambda qkv, p: False)
 
     def recording_sdpa(q, k, v, attn_mask=None, dropout_p=0.0):
         dims.append((q.dim(), k.dim(), v.dim(), attn_mask.dim()))

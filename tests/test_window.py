@@ -134,9 +134,13 @@ def oracle_attention(attn, x, grid, prefix, shifted):
     return out @ attn.proj.weight.T + attn.proj.bias
 
 
+@pytest.mark.parametrize("path", ["core", "sdpa"])
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])
 @pytest.mark.parametrize("grid,prefix", CASES)
-def test_output_equals_dense_oracle(grid, prefix, shifted):
+def test_output_equals_dense_oracle(grid, prefix, shifted, path, monkeypatch):
+    """Both paths (the CPU core; SDPA, which CUDA, dropout and tracing take) give the oracle's output."""
+    if path == "sdpa":
+        monkeypatch.setattr(vitzoo.attention.window, "core_applies", lambda qkv, p: False)
     attn = window_mixer(grid, prefix, shifted)
     torch.manual_seed(2)
     x = torch.randn(2, prefix + grid[0] * grid[1], 16, dtype=torch.float64)

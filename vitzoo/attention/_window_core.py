@@ -27,10 +27,9 @@ from vitzoo.attention.base import LOG2E, tracing
 
 
 def core_applies(qkv: Tensor, p_drop: float) -> bool:
-    """:class:`WindowCore` runs the step: training on the CPU without attention dropout, eager (not traced
-    or compiled, where the plain SDPA expression is kept)."""
-    return (torch.is_grad_enabled() and qkv.requires_grad and qkv.device.type == "cpu" and p_drop == 0.0
-            and not tracing())
+    """:func:`window_core` runs the call: on the CPU without attention dropout, eager (not traced or compiled,
+    where the plain SDPA expression is kept)."""
+    return qkv.device.type == "cpu" and p_drop == 0.0 and not tracing()
 
 
 # Scores per block of windows and CPU thread (1 MB in float32): the block's scores, probabilities and
@@ -144,11 +143,12 @@ class _GatheredSlots:
             images = torch.arange(win.start, win.stop) // self.index.shape[0]  # the image of each window
             prefix_sum.index_add_(0, images, rows.view(r, T, -1)[:, :self.prefix])
 
-    def tokens_of(self, out: Tensor, prefix_sum: Tensor, prefix_scale: float) -> Tensor:
-        """``[B, N, width]``: the token rows of ``out``, the prefix tokens' rows the prefix sums × ``prefix_scale``."""
+    def tokens_of(self, out: Tensor, prefix_sum: Tensor, mean: bool) -> Tensor:
+        """``[B, N, width]``: the token rows of ``out``, the prefix tokens' rows their sums over the windows (the
+        mean if ``mean``)."""
         tokens = out[:self.images * self.tokens].view(self.images, self.tokens, -1)
         if self.prefix:
-            tokens[:, :self.prefix] = prefix_sum * prefix_scale
+            tokens[:, :self.prefix] = prefix_sum / self.index.shape[0] if mean else prefix_sum
         return tokens
 
 
@@ -197,7 +197,7 @@ class _GridSlots:
         for i, part in enumerate(parts):
             view[:, :, i].copy_(part.view(view[:, :, i].shape))
 
-    def tokens_of(self, out: Tensor, prefix_sum: None, prefix_scale: float) -> Tensor:
+    def tokens_of(self, out: Tensor, prefix_sum: None, mean: bool) -> Tensor:
         return out
 
 
@@ -244,15 +244,54 @@ def _keeps_probs(T: int, head_dim: int) -> bool:
     return T <= head_dim
 
 
+def _slots(qkv: Tensor, index: Tensor, prefix: int, partition: Optional[tuple[int, int, int]]):
+    """:class:`_GridSlots` for a plain ``partition``, else :class:`_GatheredSlots` of ``index``."""
+    return _GridSlots(partition, qkv.shape[0]) if partition else _GatheredSlots(index, prefix, *qkv.shape[:2])
+
+
+def _attend(qkv: Tensor, slots: Any, base: Tensor, heads: int, scale: float, q_k_v: Optional[Tensor] = None,
+            stats: Optional[Tensor] = None, keep: bool = False) -> Tensor:
+    """The windows' attention block by block: ``qkv[B, N, 3C]`` -> merged heads ``[B, N, C]`` in token order.
+
+    Args:
+        slots: where the windows read and write (:func:`_slots`). base: :func:`_score_base`. heads, scale: h, 1/√d.
+        q_k_v: ``[3, B·nW·h, T, d]`` to keep the windows' heads in, or None (each block's are temporary).
+        stats: ``[B·nW·h, T, T]`` for the probabilities (``keep``) or ``[B·nW·h, T, 1]`` for the log-sum-exp, or None.
+    """
+    C, T = qkv.shape[-1] // 3, base.shape[-1]
+    out, prefix_sum = slots.output(qkv, C)
+    with torch.autocast(qkv.device.type, enabled=False):
+        for win in slots.blocks(heads * T * T):
+            rows = slice(win.start * heads, win.stop * heads)
+            parts = qkv.new_empty(3, rows.stop - rows.start, T, C // heads) if q_k_v is None else q_k_v[:, rows]
+            slots.read_parts(qkv, win, heads, parts)
+            q, k, v = parts  # [r·h, T, d]
+            stat = None if stats is None else stats[rows]
+            p = _softmax_(_scores(q, k, base, win, scale, stat if keep else None), None if keep else stat)
+            slots.write(out, prefix_sum, win, [torch.bmm(p.to(v.dtype), v)], heads)  # AV: T·T·d
+    return slots.tokens_of(out, prefix_sum, mean=True)
+
+
+def window_core(qkv: Tensor, index: Tensor, prefix: int, bias: Tensor, mask: Optional[Tensor], heads: int,
+                scale: float, partition: Optional[tuple[int, int, int]] = None) -> Tensor:
+    """Window attention on the CPU (:func:`core_applies`): :class:`WindowCore` when a gradient is needed, else
+    its forward without keeping anything. Arguments and result as :class:`WindowCore`'s."""
+    if torch.is_grad_enabled() and (qkv.requires_grad or bias.requires_grad):
+        return WindowCore.apply(qkv, index, prefix, bias, mask, heads, scale, partition)
+    base = _score_base(bias, mask, torch.float64 if qkv.dtype == torch.float64 else torch.float32)
+    return _attend(qkv, _slots(qkv, index, prefix, partition), base, heads, scale)
+
+
 class WindowCore(torch.autograd.Function):
     """``qkv[B, N, 3C]`` (tokens in order; q|k|v side by side, heads inside each), ``index[nW, T]`` (the token
     each window slot reads: the P prefix tokens first, then grid tokens or -1 for padding; constant), ``prefix``
     (P), ``bias[h, T, T]``, ``mask[nW, T, T]`` or None (window ``r % nW`` of row r; constant; it must mask padding
     slots as keys), ``partition``: (H, W, M) when ``index`` is the plain partition of an H×W grid into M×M windows
     (no shift, padding or prefix) or None -> merged heads ``[B, N, C]`` in token order (a prefix token gets the mean
-    of its outputs over the windows), with the bias' gradient. Each block of windows reads its q|k|v rows (again in
-    backward) and writes its outputs (q/k/v gradients) into the token rows: through gathers and row copies
-    (:class:`_GatheredSlots`), or through strided views of a plain partition (:class:`_GridSlots`)."""
+    of its outputs over the windows), with the bias' gradient. Forward keeps the windows' q/k/v heads and the
+    probabilities or log-sum-exp; each block of windows writes its outputs (q/k/v gradients) into the token rows:
+    through row copies (:class:`_GatheredSlots`), or through strided views of a plain partition
+    (:class:`_GridSlots`)."""
 
     @staticmethod
     def forward(ctx: Any, qkv: Tensor, index: Tensor, prefix: int, bias: Tensor, mask: Optional[Tensor], heads: int,
@@ -260,23 +299,14 @@ class WindowCore(torch.autograd.Function):
         B, N, C3 = qkv.shape
         nw, T = index.shape
         dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
-        slots = _GridSlots(partition, B) if partition else _GatheredSlots(index, prefix, B, N)
-        out, prefix_sum = slots.output(qkv, C3 // 3)
         keep = _keeps_probs(T, C3 // (3 * heads))
         stats = torch.empty(B * nw * heads, T, T if keep else 1, dtype=dtype, device=qkv.device)  # probs or lse
-        base = _score_base(bias, mask, dtype)
         q_k_v = qkv.new_empty(3, B * nw * heads, T, C3 // (3 * heads))  # the windows' heads, kept for backward
-        with torch.autocast(qkv.device.type, enabled=False):
-            for win in slots.blocks(heads * T * T):
-                rows = slice(win.start * heads, win.stop * heads)
-                slots.read_parts(qkv, win, heads, q_k_v[:, rows])
-                q, k, v = q_k_v[:, rows]  # [r·h, T, d]
-                rows = stats[rows]
-                p = _softmax_(_scores(q, k, base, win, scale, rows if keep else None), None if keep else rows)
-                slots.write(out, prefix_sum, win, [torch.bmm(p.to(v.dtype), v)], heads)  # AV: T·T·d
+        base, slots = _score_base(bias, mask, dtype), _slots(qkv, index, prefix, partition)
+        out = _attend(qkv, slots, base, heads, scale, q_k_v, stats, keep)
         ctx.save_for_backward(q_k_v, base, stats)
         ctx.slots, ctx.heads, ctx.scale, ctx.keep, ctx.bias_dtype = slots, heads, scale, keep, bias.dtype
-        return slots.tokens_of(out, prefix_sum, 1 / nw)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
@@ -292,7 +322,7 @@ class WindowCore(torch.autograd.Function):
                 rows = stats[win.start * heads:win.stop * heads]
                 p = rows if ctx.keep else _scores(q, k, base, win, ctx.scale).sub_(rows).exp2_()  # probabilities
                 slots.write(d_qkv, d_prefix, win, _window_backward(q, k, v, d_o, p, heads, ctx.scale, d_bias), heads)
-        return (slots.tokens_of(d_qkv, d_prefix, 1.0), None, None, d_bias.to(ctx.bias_dtype), None, None, None, None)
+        return (slots.tokens_of(d_qkv, d_prefix, mean=False), None, None, d_bias.to(ctx.bias_dtype), None, None, None, None)
 
 
 def _window_backward(q: Tensor, k: Tensor, v: Tensor, d_o: Tensor, p: Tensor, heads: int, scale: float,

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from timm.layers import trunc_normal_
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._window_core import WindowCore, core_applies
+from vitzoo.attention._window_core import core_applies, window_core
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive, dense_attention, sdpa
 
 
@@ -187,9 +187,10 @@ class WindowAttention(QKVAttention):
         """Args: x: ``[B, P + H·W, C]`` (prefix tokens first); grid: (H, W). Returns ``[B, P + H·W, C]``.
 
         The q/k/v projection takes the tokens in their order (it saves ``x`` itself for its weight
-        gradient) and the output projection the windows' outputs back in token order. Training on the
-        CPU without attention dropout runs :class:`~vitzoo.attention._window_core.WindowCore`, which gathers
-        the windows' q/k/v block by block; elsewhere :meth:`attend_windows` does it with SDPA.
+        gradient) and the output projection the windows' outputs back in token order. On the CPU without
+        attention dropout (training or inference, eager) :func:`~vitzoo.attention._window_core.window_core` reads the
+        windows' q/k/v block by block; elsewhere (CUDA, dropout, tracing, compiling) :meth:`attend_windows` does it
+        with SDPA.
         """
         own = tuple(grid) == self.grid
         mask = self.attn_mask if own else self.build_mask(grid, x.device)
@@ -198,8 +199,8 @@ class WindowAttention(QKVAttention):
         bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
         if core_applies(qkv, p):
-            out = WindowCore.apply(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale,
-                                   self.plain_partition(grid))  # [B, N, C]
+            out = window_core(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale,
+                              self.plain_partition(grid))  # [B, N, C]
         else:
             out = self.attend_windows(qkv, gather, scatter, bias, mask, p)
         return self.proj_drop(self.proj(out))

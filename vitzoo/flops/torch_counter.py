@@ -1,5 +1,5 @@
 """The second tool: ``torch.utils.flop_counter.FlopCounterMode``, converted to MACs (its FLOPs ÷ 2),
-with the formula for CPU SDPA kernels that torch's counter lacks."""
+with the formulas torch's counter lacks: CPU SDPA kernels and the in-place ``baddbmm_``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,9 +23,17 @@ def _sdpa_cpu_flop(query_shape, key_shape, value_shape, *args, out_shape=None, *
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
+def _baddbmm_inplace_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs (2 per MAC) of ``aten.baddbmm_`` (window attention's scores on the CPU), which torch's counter only
+    knows out of place: ``a[b, m, k] @ b[b, k, n]`` (the addition is not counted, as for ``baddbmm``)."""
+    from torch.utils.flop_counter import bmm_flop
+
+    return bmm_flop(a_shape, b_shape)
+
+
 def torch_flop_formulas() -> dict:
-    """Formulas vitzoo adds to FlopCounterMode (``custom_mapping``): the CPU SDPA kernels."""
-    formulas = {}
+    """Formulas vitzoo adds to FlopCounterMode (``custom_mapping``): the CPU SDPA kernels, ``baddbmm_``."""
+    formulas = {torch.ops.aten.baddbmm_: _baddbmm_inplace_flop}
     for op in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
         if hasattr(torch.ops.aten, op):
             formulas[getattr(torch.ops.aten, op)] = _sdpa_cpu_flop
@@ -47,7 +55,8 @@ def torch_flops(model: nn.Module, inputs: tuple, cpu_sdpa: bool = True) -> Torch
     Args:
         model: any module (run under ``no_grad``; put it in eval mode first).
         inputs: forward arguments.
-        cpu_sdpa: register the formula for CPU SDPA (without it CPU attention counts 0).
+        cpu_sdpa: register vitzoo's formulas (:func:`torch_flop_formulas`: CPU SDPA, ``baddbmm_``); without them
+            CPU attention counts 0.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
