@@ -273,7 +273,7 @@ def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
 
     attn = make_attention("window", grid, prefix, shifted=shifted)
     dims = []
-    monkeypatch.setattr(window, "core_applies", lambda qkv, p: False)
+    monkeypatch.setattr(window, "core_applies", lambda qkv, p, n: False)
 
     def recording_sdpa(q, k, v, attn_mask=None, dropout_p=0.0):
         dims.append((q.dim(), k.dim(), v.dim(), attn_mask.dim()))

@@ -138,9 +138,12 @@ def oracle_attention(attn, x, grid, prefix, shifted):
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])
 @pytest.mark.parametrize("grid,prefix", CASES)
 def test_output_equals_dense_oracle(grid, prefix, shifted, path, monkeypatch):
-    """Both paths (the CPU core; SDPA, which CUDA, dropout and tracing take) give the oracle's output."""
+    """Both paths (the CPU core; SDPA, which CUDA, dropout, tracing and small inference calls take) give the
+    oracle's output."""
     if path == "sdpa":
-        monkeypatch.setattr(vitzoo.attention.window, "core_applies", lambda qkv, p: False)
+        monkeypatch.setattr(vitzoo.attention.window, "core_applies", lambda qkv, p, n: False)
+    else:
+        monkeypatch.setattr(vitzoo.attention._window_core, "INFER_MIN_WINDOW_HEADS", 0)
     attn = window_mixer(grid, prefix, shifted)
     torch.manual_seed(2)
     x = torch.randn(2, prefix + grid[0] * grid[1], 16, dtype=torch.float64)
@@ -285,3 +288,17 @@ def test_logits_match_timm_swin_on_copied_weights(variant, overrides, batch):
     assert ours.shape == (batch, model.cfg.num_classes)
     assert ours.std() > 1e-3  # the comparison is not between two constants
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+
+
+def test_core_applies_by_mode_and_size():
+    """The CPU core runs every training call, and inference calls of at least INFER_MIN_WINDOW_HEADS windows ×
+    heads; dropout goes to SDPA."""
+    from vitzoo.attention._window_core import INFER_MIN_WINDOW_HEADS, core_applies
+
+    qkv = torch.zeros(2, 16, 24)
+    with torch.no_grad():
+        assert core_applies(qkv, 0.0, INFER_MIN_WINDOW_HEADS // 2)
+        assert not core_applies(qkv, 0.0, INFER_MIN_WINDOW_HEADS // 2 - 1)
+    training = qkv.requires_grad_()
+    assert core_applies(training, 0.0, 1)
+    assert not core_applies(training, 0.1, INFER_MIN_WINDOW_HEADS)

@@ -188,9 +188,9 @@ class WindowAttention(QKVAttention):
 
         The q/k/v projection takes the tokens in their order (it saves ``x`` itself for its weight
         gradient) and the output projection the windows' outputs back in token order. On the CPU without
-        attention dropout (training or inference, eager) :func:`~vitzoo.attention._window_core.window_core` reads the
-        windows' q/k/v block by block; elsewhere (CUDA, dropout, tracing, compiling) :meth:`attend_windows` does it
-        with SDPA.
+        attention dropout (training, or inference of enough windows: eager)
+        :func:`~vitzoo.attention._window_core.window_core` reads the windows' q/k/v block by block; elsewhere (CUDA,
+        dropout, tracing, compiling, small inference calls) :meth:`attend_windows` does it with SDPA.
         """
         own = tuple(grid) == self.grid
         mask = self.attn_mask if own else self.build_mask(grid, x.device)
@@ -198,7 +198,7 @@ class WindowAttention(QKVAttention):
         qkv = self.qkv(x)  # [B, N, 3C]
         bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
-        if core_applies(qkv, p):
+        if core_applies(qkv, p, gather.shape[0] * self.num_heads):
             out = window_core(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale,
                               self.plain_partition(grid))  # [B, N, C]
         else:

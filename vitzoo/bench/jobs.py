@@ -16,7 +16,7 @@ from torch import nn
 
 from vitzoo.attention import MixerContext, build_attention, list_attention
 from vitzoo.attention._kernel import redraw_random_features
-from vitzoo.bench.memory import PeakMemory, is_oom
+from vitzoo.bench.memory import PeakMemory, _malloc_live, is_oom
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
 from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.flops import count_flops
@@ -48,6 +48,10 @@ class _Setup:
         (a @ a).sum().item()
         del a
         self.memory = PeakMemory(self.device, live=True)
+        # every timed phase runs with steady malloc thresholds (a memory phase switches to live and back): under
+        # glibc's default dynamic ones and the worker's address-space cap, swin_cifar inference paid ~6,000 page
+        # faults per call on one side of a vitzoo/timm pair, after the other side's frees
+        _malloc_live(False)
 
     def autocast(self) -> AbstractContextManager:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.amp)
