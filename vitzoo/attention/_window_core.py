@@ -1,4 +1,5 @@
-"""The training path of window attention: ``softmax(QKᵀ/√d + bias + mask)V`` per window in one autograd node.
+"""Window attention on the CPU: ``softmax(QKᵀ/√d + bias + mask)V`` per window in one autograd node (training),
+or the same forward keeping nothing (inference of enough windows: :func:`core_applies`).
 
 SDPA with the learned relative position bias as its mask takes the math kernel on the CPU (only it
 gives the mask a gradient), which stores the ``[B·nW, h, T, T]`` probabilities and contiguous copies of
