@@ -19,7 +19,7 @@ log-sum-exp are float32 (float64 stays float64); gradients come back in the inpu
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -254,12 +254,20 @@ def _keeps_probs(T: int, head_dim: int) -> bool:
     return T <= head_dim
 
 
-def _slots(qkv: Tensor, index: Tensor, prefix: int, partition: Optional[tuple[int, int, int]]):
+_Slots = Union[_GatheredSlots, _GridSlots]
+
+
+def _slots(qkv: Tensor, index: Tensor, prefix: int, partition: Optional[tuple[int, int, int]]) -> _Slots:
     """:class:`_GridSlots` for a plain ``partition``, else :class:`_GatheredSlots` of ``index``."""
     return _GridSlots(partition, qkv.shape[0]) if partition else _GatheredSlots(index, prefix, *qkv.shape[:2])
 
 
-def _attend(qkv: Tensor, slots: Any, base: Tensor, heads: int, scale: float, q_k_v: Optional[Tensor] = None,
+def _score_dtype(qkv: Tensor) -> torch.dtype:
+    """Scores, probabilities and log-sum-exp are float32 (float64 for float64 inputs)."""
+    return torch.float64 if qkv.dtype == torch.float64 else torch.float32
+
+
+def _attend(qkv: Tensor, slots: _Slots, base: Tensor, heads: int, scale: float, q_k_v: Optional[Tensor] = None,
             stats: Optional[Tensor] = None, keep: bool = False) -> Tensor:
     """The windows' attention block by block: ``qkv[B, N, 3C]`` -> merged heads ``[B, N, C]`` in token order.
 
@@ -288,7 +296,7 @@ def window_core(qkv: Tensor, index: Tensor, prefix: int, bias: Tensor, mask: Opt
     its forward without keeping anything. Arguments and result as :class:`WindowCore`'s."""
     if torch.is_grad_enabled() and (qkv.requires_grad or bias.requires_grad):
         return WindowCore.apply(qkv, index, prefix, bias, mask, heads, scale, partition)
-    base = _score_base(bias, mask, torch.float64 if qkv.dtype == torch.float64 else torch.float32)
+    base = _score_base(bias, mask, _score_dtype(qkv))
     return _attend(qkv, _slots(qkv, index, prefix, partition), base, heads, scale)
 
 
@@ -308,7 +316,7 @@ class WindowCore(torch.autograd.Function):
                 scale: float, partition: Optional[tuple[int, int, int]] = None) -> Tensor:
         B, N, C3 = qkv.shape
         nw, T = index.shape
-        dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
+        dtype = _score_dtype(qkv)
         keep = _keeps_probs(T, C3 // (3 * heads))
         stats = torch.empty(B * nw * heads, T, T if keep else 1, dtype=dtype, device=qkv.device)  # probs or lse
         q_k_v = qkv.new_empty(3, B * nw * heads, T, C3 // (3 * heads))  # the windows' heads, kept for backward
