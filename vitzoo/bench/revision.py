@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository (vitzoo/bench/revision.py -> the checkout)
+from vitzoo.bench.environment import ROOT
 
 
 def load_revision(module: str, rev: str) -> ModuleType:
