@@ -199,10 +199,15 @@ def _time_against_reference(row: Row, phase: str, fa: Callable, fb: Callable, se
     t = time_fns({"vitzoo": fa, "reference": fb}, setup.device, **setup.timing)
     row[f"{phase}_ms_vitzoo"] = t["vitzoo"].median * 1e3
     row[f"{phase}_ms_reference"] = t["reference"].median * 1e3
-    pairs = [r / v for v, r in zip(t["vitzoo"].seconds, t["reference"].seconds)]
     row[f"{phase}_speed_ratio"] = t["reference"].median / t["vitzoo"].median
-    row[f"{phase}_speed_ratio_min"], row[f"{phase}_speed_ratio_max"] = min(pairs), max(pairs)
+    row[f"{phase}_speed_ratio_min"], row[f"{phase}_speed_ratio_max"] = _pair_range(t["vitzoo"], t["reference"])
     row["repeats"], row["iters"] = len(t["vitzoo"].seconds), t["vitzoo"].iters
+
+
+def _pair_range(a: Timing, b: Timing) -> tuple[float, float]:
+    """Smallest and largest ratio ``b / a`` of the back-to-back blocks of an alternating timing: a noise indicator."""
+    pairs = [tb / ta for ta, tb in zip(a.seconds, b.seconds)]
+    return min(pairs), max(pairs)
 
 
 def model_ref_job(job: Mapping[str, Any]) -> Row:
@@ -328,6 +333,7 @@ def layer_job(job: Mapping[str, Any]) -> Row:
         row["repeats"], row["iters"] = len(t["m"].seconds), t["m"].iters
         if "global" in t:
             row["ms_global_paired"] = t["global"].median * 1e3
+            row["time_ratio_min"], row["time_ratio_max"] = _pair_range(t["m"], t["global"])
     except Exception as exc:  # noqa: BLE001
         return _error_row(row, exc, what)
     row["status"] = "ok"

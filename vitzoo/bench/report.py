@@ -18,7 +18,8 @@ MODEL_COLUMNS = ["backend", "model", "img_size", "batch", "tokens", "status", "t
                  "latency_ms_max", "train_peak_mb", "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic", "repeats",
                  "iters", "threads", "device", "amp", "compile", "memory_method", "note"]
 LAYER_COLUMNS = ["backend", "tokens", "grid", "status", "ms", "ms_min", "ms_max", "peak_mb", "gmacs_analytic",
-                 "gmacs_analytic_global", "flops_ratio", "time_ratio", "efficiency", "ratio_method", "ms_global_paired",
+                 "gmacs_analytic_global", "flops_ratio", "time_ratio", "time_ratio_min", "time_ratio_max", "efficiency",
+                 "ratio_method", "ms_global_paired",
                  "gmacs_s", "mfu", "linear_cost", "formula", "params",
                  "dim", "heads", "batch", "prefix", "repeats", "iters", "threads", "device", "amp", "compile",
                  "memory_method"]
@@ -102,13 +103,13 @@ def _model_md(rows: Rows) -> str:
 
 
 def _layer_md(rows: Rows) -> str:
-    view = [{**r, "time": _range(r, "ms")} for r in rows]
+    view = [{**r, "time": _range(r, "ms"), "time_ratio": _range(r, "time_ratio")} for r in rows]
     cols = ["backend", "tokens", "status", "time", "peak_mb", "gmacs_analytic", "flops_ratio", "time_ratio",
             "efficiency", "ratio_method", "mfu", "formula"]
     return markdown_table(view, cols, {"time": "fwd+bwd ms (min–max)", "peak_mb": "peak MB",
                                        "gmacs_analytic": "GMACs/img (analytic)",
                                        "flops_ratio": "FLOPs ratio global/backend",
-                                       "time_ratio": "time ratio global/backend",
+                                       "time_ratio": "time ratio global/backend (paired min–max)",
                                        "efficiency": "time ratio / FLOPs ratio",
                                        "ratio_method": "time ratio from", "mfu": "MFU"})
 
