@@ -6,6 +6,10 @@
   ``performer`` reach fixed speedups (:data:`SPEEDUP_GOALS`); no linear-cost backend needs more peak
   memory than ``global``;
 * layers at :data:`LONG_TOKENS` tokens: every linear-cost backend at least :data:`LONG_SPEEDUP`× faster.
+
+A speed goal's verdict follows the ratio of the median times; where the two sides were timed in alternating
+blocks, the row also shows the range of the back-to-back pairs' ratios, and a verdict whose pairs fall on both
+sides of the target is marked "within noise".
 """
 from __future__ import annotations
 
@@ -78,7 +82,7 @@ def _ratio_goals(at: Rows, tokens: int, g: Optional[Mapping[str, Any]]) -> list[
         b, ok = r["backend"], r.get("time_ratio") is not None
         why = r.get("status") if r.get("status") != "ok" else why_global
         spread = _spread(r, "time_ratio")  # the paired blocks' speedups
-        how = f", {r.get('ratio_method')}" + (f" {_span(spread, 'x')}" if spread else "") if ok else ""
+        how = (f", {r.get('ratio_method')}" + (f" {_span(spread, 'x')}" if spread else "")) if ok else ""
         if r.get("linear_cost"):
             share = ok and r.get("efficiency") is not None
             shares = _spread(r, "time_ratio", r["flops_ratio"]) if share else None
