@@ -108,7 +108,8 @@ class _GatheredSlots:
     def __init__(self, index: Tensor, prefix: int, images: int, tokens: int):
         self.index, self.prefix, self.images, self.tokens = index, prefix, images, tokens
         self.read_rows, self.write_rows = _slot_rows(index, images, tokens, prefix)  # [B·nW, T] each
-        self.weight: Optional[Tensor] = None  # the slots' gradient shares [B·nW, T], made by read_grad
+        self.weight: Optional[Tensor] = None  # the slots' gradient shares [B·nW, T] (None: all 1), set by read_grad
+        self._weighed = False  # read_grad has decided on weight (once per call, not per block)
 
     def blocks(self, per_window: int) -> list[slice]:
         return _blocks(self.read_rows.shape[0], per_window)
@@ -130,8 +131,10 @@ class _GatheredSlots:
         (:func:`_grad_weights`): padding slots get 0, prefix slots 1/nW."""
         rows = self._rows(grad, win)
         rows = rows.view(*rows.shape[:2], heads, -1)  # [r, T, h, d]
-        if self.weight is None and (self.prefix or bool(self.index.min() < 0)):
-            self.weight = _grad_weights(self.index, self.prefix, rows.dtype).repeat(self.images, 1)
+        if not self._weighed:
+            if self.prefix or bool(self.index.min() < 0):
+                self.weight = _grad_weights(self.index, self.prefix, rows.dtype).repeat(self.images, 1)
+            self._weighed = True
         if self.weight is not None:
             rows.mul_(self.weight[win, :, None, None])
         return _heads(rows)
