@@ -243,33 +243,3 @@ def test_block_attention_gradcheck(per_head, monkeypatch):
         return _gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.5, 0.0, glob, glob * 2, out_ids)
 
     assert torch.autograd.gradcheck(fn, (qkv, glob))
-
-
-@pytest.mark.parametrize("per_head", [False, True])
-def test_block_attention_global_queries_gradcheck(per_head, monkeypatch):
-    """Global queries in the block Function (float64): rows of q over every key, unmasked, their outputs
-    placed by ``out_ids`` among the block slots (equal to dense attention for those rows); gradients by
-    gradcheck, with the global backward in key chunks (6 keys, then 1)."""
-    monkeypatch.setattr(_gather, "GATHER_ELEMS", 2 * 2 * 3 * 4)  # 2 blocks per call; 6 keys per global call
-    torch.manual_seed(0)
-    qkv = torch.randn(2, 7, 3, 2, 4, dtype=torch.float64, requires_grad=True)  # [B, L, 3, c, d]
-    q_ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 6]])  # [n, S]: slots 0..7
-    k_ids = torch.tensor([[0, 1, 2], [1, 2, 3], [3, 4, 5], [4, 5, 6]])
-    if per_head:
-        k_ids = torch.stack([k_ids, k_ids.flip(-1)])
-    mask = torch.rand(*k_ids.shape[:-1], 2, 3) > 0.3
-    mask[..., 0] = True
-    glob_ids = torch.tensor([0, 5])  # queries 0 and 5 are global: slots 8 and 9
-    out_ids = torch.tensor([8, 1, 2, 3, 4, 9, 6])
-
-    def fn(qkv):
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, c, L, d] views
-        return _gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.5, 0.0, out_ids=out_ids, glob_ids=glob_ids)
-
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    dense = torch.softmax(q[:, :, glob_ids] @ k.transpose(-2, -1) * 0.5, dim=-1) @ v  # [B, c, 2, d]
-    torch.testing.assert_close(fn(qkv)[:, :, glob_ids], dense)
-    assert torch.autograd.gradcheck(fn, (qkv,))
-    with pytest.raises(ValueError, match="k_glob=None"):
-        _gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.5, k_glob=q[:, :, :1], v_glob=v[:, :, :1],
-                                glob_ids=glob_ids)

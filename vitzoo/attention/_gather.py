@@ -6,10 +6,8 @@ https://arxiv.org/abs/2007.14062 (block-sparse attention over gathered key block
 Queries come in n blocks of S tokens that share one list of keys: the G global keys every query
 sees, then the block's own K keys. :func:`block_attention` gathers them with ``index_select`` and
 runs one fused SDPA call per chunk of blocks, ``[B, c·n, S, d]`` against ``[B, c·n, G + K, d]``;
-scores ``[B, h, N, N]`` never exist. Global queries (BigBird's prefix tokens and global blocks) can run
-in the same call over every key, so that their key and value gradients and the blocks' share one buffer.
-In training the gathered keys/values and the probabilities are recomputed in backward instead of
-being stored. Used by BigBird's block groups through
+scores ``[B, h, N, N]`` never exist. In training the gathered keys/values and the probabilities
+are recomputed in backward instead of being stored. Used by BigBird's block groups through
 :class:`vitzoo.attention._sparse.SparsePatternAttention` and by the halo groups
 (:mod:`vitzoo.attention._halo`).
 """
@@ -47,9 +45,6 @@ def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
     return (t[:, :, :0], t) if not prefix else t.split([prefix, t.shape[2] - prefix], dim=2)
 
 
-_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # -> out, logsumexp
-_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward  # -> dq, dk, dv
-
 # Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4,
 # 1 MB in float32), so
 # that the blocks gathered again in backward and their gradients stay small and in cache (all
@@ -62,7 +57,7 @@ FORWARD_SCALE = 4
 
 def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
                     p_drop: float = 0.0, k_glob: Optional[Tensor] = None, v_glob: Optional[Tensor] = None,
-                    out_ids: Optional[Tensor] = None, glob_ids: Optional[Tensor] = None) -> Tensor:
+                    out_ids: Optional[Tensor] = None) -> Tensor:
     """Blocks of S queries, each over the global keys and its own gathered keys: fused SDPA, recomputed in backward.
 
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
@@ -82,24 +77,19 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
         p_drop: dropout on the attention weights.
         k_glob, v_glob: ``[B, c, G, d]`` keys/values every block sees in front of its own (joined per
             chunk, so that no joined copy of ``k``/``v`` exists); None: none.
-        out_ids: ``[L_out]`` slot of each output row: a block slot (in ``n·S``) or a global query's
-            (``n·S + i``); outputs of other slots are dropped and get no gradient. None: every slot in order.
-        glob_ids: ``[G_q]`` rows of ``q`` whose queries attend to every row of ``k``, unmasked (BigBird's
-            prefix and global-block queries), in the same autograd node, so that k and v get one gradient
-            each, not one per consumer for autograd to add (needs ``k_glob`` None). None: none.
+        out_ids: ``[L_out]`` block slot (in ``n·S``) of each output row (outputs of other slots are
+            dropped and get no gradient); None: every slot in block order.
 
     Returns:
-        ``[B, c, L_out, d]``, or ``[B, c, n·S + G_q, d]``: the block slots in order, then the global queries.
+        ``[B, c, L_out, d]``, or ``[B, c, n·S, d]`` in block order.
     """
-    if glob_ids is not None and k_glob is not None:
-        raise ValueError("block_attention: global queries (glob_ids) attend to k only; pass k_glob=None")
     if torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v)):
         same = all(t is None or t.dtype == q.dtype for t in (k, v, k_glob, v_glob))
         if q.device.type == "cpu" and p_drop == 0.0 and same and not torch.is_autocast_enabled("cpu"):
-            return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, glob_ids, scale)
-        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, glob_ids, scale, p_drop,
+            return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
+        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
                           use_reentrant=False)
-    return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, glob_ids, scale, p_drop)
+    return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
 
 def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
@@ -186,10 +176,9 @@ def _add_query_back(dst: Tensor, ids: Tensor, part: slice, grad: Tensor) -> None
     dst.index_add_(2, ids[part].flatten(), grad.reshape(B, c, -1, d))
 
 
-def _kv_grad_rows(k: Tensor, ids: Tensor, zero: bool = True) -> Tensor:
-    """Key and value gradients of ``k[B, c, L, d]`` (zeroed, or left for the caller to fill where ``zero`` is False)
-    as one buffer whose first axis :func:`_add_kv_back` indexes: ``[L, B, c, 2, d]`` for ids shared by the heads,
-    ``[c, L, B, 2, d]`` (rows head·L + token) for per-head ids.
+def _kv_grad_rows(k: Tensor, ids: Tensor) -> Tensor:
+    """Zeroed key and value gradients of ``k[B, c, L, d]`` as one buffer whose first axis :func:`_add_kv_back` indexes:
+    ``[L, B, c, 2, d]`` for ids shared by the heads, ``[c, L, B, 2, d]`` (rows head·L + token) for per-head ids.
 
     ``index_add_`` along dim 0 adds whole contiguous rows (B·c·2d or B·2d elements); along the token axis
     of ``[B, c, L, d]`` it adds strided ``[B, c, d]`` slices, one for keys and one for values: on a 2-core
@@ -197,7 +186,7 @@ def _kv_grad_rows(k: Tensor, ids: Tensor, zero: bool = True) -> Tensor:
     """
     B, c, L, d = k.shape
     shape = (L, B, c, 2, d) if ids.dim() == 2 else (c, L, B, 2, d)
-    return (torch.zeros if zero else torch.empty)(shape, dtype=k.dtype, device=k.device)
+    return torch.zeros(shape, dtype=k.dtype, device=k.device)
 
 
 def _kv_grads(rows: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -226,39 +215,6 @@ def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], i
     rows.view(-1, src.numel() // index.numel()).index_add_(0, index, src.view(index.numel(), -1))
 
 
-def _global_backward(g_o: Tensor, q_g: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
-                     d_kv: tuple[Tensor, Tensor]) -> Tensor:
-    """Backward of global queries ``q_g[B, c, G_q, d]`` over every key of ``k, v[B, c, L, d]`` (flash kernel,
-    output ``out`` and log-sum-exp ``lse`` saved from forward; output gradients ``g_o``): writes the key and value
-    gradients into ``d_kv`` (two ``[B, c, L, d]`` views) and returns the query gradients ``[B, c, G_q, d]``.
-
-    Runs in key chunks of :data:`GATHER_ELEMS` elements per image (a chunk's probabilities need only the saved
-    log-sum-exp), so that no dense ``[B, c, L, d]`` gradient exists besides ``d_kv``: one call over all 4,096 keys
-    of BigBird's layer table put the live peak 11 MB higher, over ``global``'s, and was not faster (2-core Zen 2).
-    """
-    (_, c, L, d), d_q = k.shape, None
-    step = max(1, GATHER_ELEMS // (c * d))
-    for i in range(0, L, step):
-        part = slice(i, i + step)
-        dq, dk, dv = _FLASH_BACKWARD(g_o, q_g, k[:, :, part], v[:, :, part], out, lse, 0.0, False, scale=scale)
-        d_kv[0][:, :, part], d_kv[1][:, :, part] = dk, dv
-        d_q = dq if d_q is None else d_q.add_(dq)
-    return d_q
-
-
-def _count(ids: Optional[Tensor]) -> int:
-    """Number of ids (0 for None)."""
-    return 0 if ids is None else ids.numel()
-
-
-def _slot_grads(grad: Tensor, rows: Optional[Tensor], filled: Optional[Tensor], slots: slice) -> Tensor:
-    """Output gradients ``[B, c, len(slots), d]`` of ``slots`` from ``grad[B, c, L_out, d]``: its rows in slot order
-    (``rows`` None), or the rows of :func:`_slot_rows` (zero for slots that fill no output row)."""
-    if rows is None:
-        return grad[:, :, slots]
-    return grad.index_select(2, rows[slots]).mul_(filled[slots, None])
-
-
 def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
     """For each of ``slots`` block slots: the output row it fills (0 where none) and whether it fills one."""
     rows = torch.full((slots,), -1, dtype=torch.long, device=out_ids.device)
@@ -273,8 +229,7 @@ def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
 
 
 def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
-                k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], glob_ids: Optional[Tensor], scale: float,
-                p_drop: float) -> Tensor:
+                k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float, p_drop: float) -> Tensor:
     """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``."""
     B, c, _, d = q.shape
     outs = []
@@ -283,9 +238,7 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
         out = F.scaled_dot_product_attention(_select(q, q_ids, part), *keys(part), attn_mask=_heads_mask(mask, part, c),
                                              dropout_p=p_drop, scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
-    if glob_ids is not None:  # the global queries over every key
-        outs.append(F.scaled_dot_product_attention(q.index_select(2, glob_ids), k, v, dropout_p=p_drop, scale=scale))
-    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S (+ G_q), d]
+    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
     return out if out_ids is None else select_rows(out, out_ids)
 
 
@@ -300,53 +253,46 @@ class _BlockSDPA(torch.autograd.Function):
 
     Backward gathers each chunk's blocks again, recomputes their probabilities from the log-sum-exp and
     forms the gradients with matmuls; the output is not kept (``rowsum(dO ⊙ O) = rowsum(P ⊙ dP)``). The
-    block gradients are added to the tokens they were gathered from (``index_add``). Global queries
-    (``glob_ids``) run the flash kernel's own backward (their few output rows are kept); their dense key and
-    value gradients initialise the gradient rows in place of zeros.
+    block gradients are added to the tokens they were gathered from (``index_add``).
     """
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
-                q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], glob_ids: Optional[Tensor],
-                scale: float) -> Tensor:
+                q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
-        out, lse = q.new_empty(B, c, n * S + _count(glob_ids), d), q.new_empty(B, c, n, S)
-        blocks = out[:, :, :n * S].view(B, c, n, S, d)
+        out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
         keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
         for part in _chunks(q, k_ids, FORWARD_SCALE):
             m = part.stop - part.start
-            bias = _heads_bias(mask, part, c, q.dtype)
-            o, l = _FLASH(_select(q, q_ids, part), *keys(part), 0.0, False, attn_mask=bias, scale=scale)  # [B, c·m, S(, d)]
-            blocks[:, :, part] = o.view(B, c, m, S, d)
+            o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                _select(q, q_ids, part), *keys(part), 0.0, False, attn_mask=_heads_bias(mask, part, c, q.dtype),
+                scale=scale)  # [B, c·m, S, d], [B, c·m, S]
+            out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
-        o_glob = lse_glob = None
-        if glob_ids is not None:  # global queries over every key: [B, c, G_q, d], [B, c, G_q]
-            o_glob, lse_glob = _FLASH(q.index_select(2, glob_ids), k, v, 0.0, False, scale=scale)
-            out[:, :, n * S:] = o_glob
-        ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, glob_ids, lse, o_glob, lse_glob)
+        ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
         ctx.scale = scale
+        out = out.view(B, c, n * S, d)
         return out if out_ids is None else select_rows(out, out_ids)  # [B, c, L_out, d]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-        q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, glob_ids, lse, o_glob, lse_glob = ctx.saved_tensors
+        q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse = ctx.saved_tensors
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         grad = grad.to(q.dtype)
-        rows, filled = (None, None) if out_ids is None else _slot_rows(out_ids, n * S + _count(glob_ids))
+        rows, filled = (None, None) if out_ids is None else _slot_rows(out_ids, n * S)
         d_q = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # contiguous
-        d_kv = _kv_grad_rows(k, k_ids, zero=glob_ids is None)  # key|value gradients: rows of tokens (or (head, token))
-        if glob_ids is not None:  # every key's gradient from the global queries: the rows' first value
-            g_o = _slot_grads(grad, rows, filled, slice(n * S, None))  # [B, c, G_q, d]
-            q_g = q.index_select(2, glob_ids)
-            d_q.index_add_(2, glob_ids, _global_backward(g_o, q_g, k, v, o_glob, lse_glob, ctx.scale,
-                                                         _kv_grads(d_kv, k_ids)))
-            del g_o, q_g
+        d_kv = _kv_grad_rows(k, k_ids)  # key|value gradients, rows of the tokens (per head: of (head, token))
         d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
         keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
         heads = None if k_ids.dim() == 2 else _head_offsets(k_ids, (c, k.shape[2]))  # [c, 1, 1]: head·L
         for part in _chunks(q, k_ids):
             m = part.stop - part.start
-            g_o = _slot_grads(grad, rows, filled, slice(part.start * S, part.stop * S)).reshape(B * c * m, S, d)
+            slots = slice(part.start * S, part.stop * S)
+            if rows is None:  # outputs in block order
+                g_o = grad[:, :, slots]
+            else:  # output rows of the chunk's slots; slots without one get no gradient
+                g_o = grad.index_select(2, rows[slots]).mul_(filled[slots, None])
+            g_o = g_o.reshape(B * c * m, S, d)
             q_s, (k_s, v_s) = _select(q, q_ids, part).view(-1, S, d), keys(part)  # [B·c·m, S, d], [B, c·m, G + K, d]
             k_s, v_s = k_s.view(B * c * m, -1, d), v_s.view(B * c * m, -1, d)
             p = torch.bmm(q_s, k_s.transpose(1, 2)).mul_(ctx.scale * LOG2E)  # scores in log2 units (LOG2E)
@@ -366,4 +312,4 @@ class _BlockSDPA(torch.autograd.Function):
             _add_kv_back(d_kv, d_kg, d_vg, k_ids, heads, part, d_k_s, d_v_s)
             del d_k_s, d_v_s  # before the next chunk is gathered
         d_k, d_v = _kv_grads(d_kv, k_ids)
-        return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None, None
+        return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None

@@ -13,9 +13,8 @@ buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplie
   ``attention.impl=flex`` runs the same pattern through FlexAttention (:mod:`vitzoo.attention._flex`).
 * G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
   tokens and BigBird's global blocks.
-* Global queries (prefix tokens, BigBird's global blocks) attend to every key: ``P + G`` rows of length N,
-  through SDPA, or for BigBird inside its block attention call (one autograd node: k and v get one gradient
-  each). These calls and the learned tokens' read hold k, v into backward: q has its own buffer (``separate_q``).
+* Global queries (prefix tokens, BigBird's global blocks) attend to every key through SDPA: ``P + G`` rows
+  of length N. These calls and the learned tokens' read hold k, v into backward: q has its own buffer (``separate_q``).
 * Keys that must not count (outside the grid under Longformer's border rule, padding tokens,
   blocks already covered, halo slots outside a query's neighbourhood) are masked with ``-inf``
   before the softmax; they are still computed and counted in ``flops``.
@@ -36,7 +35,7 @@ from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from vitzoo.attention import _flex
-from vitzoo.attention._gather import block_attention, head_parts, split_prefix
+from vitzoo.attention._gather import block_attention, head_parts, select_rows, split_prefix
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
@@ -70,41 +69,35 @@ class SparsePattern(nn.Module):
         groups: head groups in head order (heads sum to h): :class:`HeadGroup` (gathered keys or
             dense heads) or :class:`~vitzoo.attention._halo.HaloGroup` (blocked neighbourhood heads).
         padded: grid the ids in ``queries`` refer to (the grid padded to whole blocks).
-        queries: ``[Q, S]`` padded ids of the grid queries of each block (BigBird's tiles, one gathered
-            group); None: outputs come in raster order, one per grid token (Q = H·W, S = 1).
+        queries: ``[Q, S]`` padded ids of the grid queries of each gathered group (BigBird's blocks);
+            None: outputs come in raster order, one per grid token (Q = H·W, S = 1).
         global_grid: ``[G]`` raster ids of grid tokens that are global (their queries attend to
             every key, every query attends to their keys); None: none.
-        prefix: P, the prefix tokens in front of the grid (with ``queries``: the ids below count them).
     """
 
     def __init__(self, grid: Grid, groups: list[HeadGroup], padded: Optional[Grid] = None,
-                 queries: Optional[Tensor] = None, global_grid: Optional[Tensor] = None, prefix: int = 0):
+                 queries: Optional[Tensor] = None, global_grid: Optional[Tensor] = None):
         super().__init__()
         self.grid, self.padded = tuple(grid), tuple(padded or grid)
         self.groups = nn.ModuleList(groups)
         self.num_global_grid = 0 if global_grid is None else global_grid.numel()
         self.register_buffer("queries", queries, persistent=False)
         self.register_buffer("global_grid", global_grid, persistent=False)
-        rows, glob, slots = (None, None, None) if queries is None else self._block_ids(prefix)
+        self.register_buffer("inverse", self._inverse() if queries is not None else None, persistent=False)
+        rows = None if queries is None else raster_ids(queries, self.grid, self.padded)  # [Q, S]
         self.register_buffer("query_rows", rows, persistent=False)
-        self.register_buffer("global_queries", glob, persistent=False)
-        self.register_buffer("output_slots", slots, persistent=False)
 
-    def _block_ids(self, prefix: int) -> tuple[Tensor, Optional[Tensor], Tensor]:
-        """Ids of a block pattern in the P + H·W tokens (prefix first): ``query_rows[Q, S]`` (each block's
-        queries), ``global_queries[P + G]`` (the prefix, then the global grid tokens; None if none) and
-        ``output_slots[P + H·W]``: where each token's output sits in ``[block slots (Q·S), global queries]``."""
-        (H, W), (Hp, Wp), QS = self.grid, self.padded, self.queries.numel()
-        gg = torch.zeros(0, dtype=torch.long) if self.global_grid is None else self.global_grid  # [G]
+    def _inverse(self) -> Tensor:
+        """``[H·W]``: where each grid token's output sits in ``cat(group outputs [Q·S], global outputs [G])``."""
+        (H, W), (Hp, Wp) = self.grid, self.padded
         slot = torch.full((Hp * Wp,), -1, dtype=torch.long)
-        slot[self.queries.flatten()] = torch.arange(QS)
+        slot[self.queries.flatten()] = torch.arange(self.queries.numel())
         real = (torch.arange(H)[:, None] * Wp + torch.arange(W)[None, :]).flatten()  # padded id of each grid token
-        grid_slots = slot[real]  # [H·W]
-        grid_slots[gg] = QS + prefix + torch.arange(gg.numel())
-        assert bool((grid_slots >= 0).all()), "every grid token needs an output"
-        glob, slots = torch.cat([torch.arange(prefix), prefix + gg]), torch.cat([QS + torch.arange(prefix), grid_slots])
-        rows = prefix + raster_ids(self.queries, self.grid, self.padded)  # [Q, S]
-        return rows, (glob if glob.numel() else None), slots
+        inverse = slot[real]
+        if self.global_grid is not None:
+            inverse[self.global_grid] = self.queries.numel() + torch.arange(self.global_grid.numel())
+        assert bool((inverse >= 0).all()), "every grid token needs an output"
+        return inverse
 
     def group_shape(self) -> tuple[int, int]:
         """(Q, S): query groups and tokens per group."""
@@ -200,16 +193,20 @@ class SparsePatternAttention(QKVAttention):
         if _flex.resolve_impl(self.cfg.impl, q.device, self.training, self.attn_drop.p, needs_grad) == "flex":
             return self.attend_flex(q, k, v, grid)
         pat = self.pattern_at(grid, q.device)
-        if pat.queries is not None:
-            return self.attend_blocks(q, k, v, pat)
         P = self.num_prefix
         p_drop = self.attn_drop.p if self.training else 0.0
         (q_pre, q_grid), (k_pre, k_grid), (v_pre, v_grid) = (split_prefix(t, P) for t in (q, k, v))
         k_mem, v_mem = self.learned_kv(k, v, p_drop)  # [B, h, g, d]
-        k_glob, v_glob = torch.cat([k_pre, k_mem], dim=2), torch.cat([v_pre, v_mem], dim=2)  # [B, h, P + g, d]
+        q_glob, k_glob, v_glob = q_pre, torch.cat([k_pre, k_mem], dim=2), torch.cat([v_pre, v_mem], dim=2)
+        if pat.num_global_grid:
+            gg = pat.global_grid
+            q_glob = torch.cat([q_pre, q_grid[:, :, gg]], dim=2)  # [B, h, P + G_grid, d]
+            k_glob = torch.cat([k_glob, k_grid[:, :, gg]], dim=2)  # [B, h, P + g + G_grid, d]
+            v_glob = torch.cat([v_glob, v_grid[:, :, gg]], dim=2)
         halo = all(isinstance(group, HaloGroup) for group in pat.groups)  # halo groups take k_glob, not k_all
-        k_all, v_all = (k, v) if halo and not P else (self.every_key(k, k_mem), self.every_key(v, v_mem))
-        o_pre = sdpa(q_pre, k_all, v_all, dropout_p=p_drop) if P else q_pre  # prefix queries over every key
+        k_all, v_all = (k, v) if halo and not q_glob.shape[2] else (self.every_key(k, k_mem), self.every_key(v, v_mem))
+        # global queries attend to every key: P + G_grid rows
+        o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
         sizes = [group.heads for group in pat.groups]
         parts = zip(*(head_parts(t, sizes) for t in (q_grid, k_grid, v_grid, k_glob, v_glob, k_all, v_all)))
         outs, h0 = [], 0
@@ -219,9 +216,14 @@ class SparsePatternAttention(QKVAttention):
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
                 outs.append(halo_attention(q_g, k_g, v_g, group, kg_g, vg_g, self.scale, self.attn_drop,
                                            self.halo_bias(group, hs)).unsqueeze(3))
-            else:  # dense heads: every grid query over every key
+            elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_g, ka_g, va_g, dropout_p=p_drop).unsqueeze(3))
-        o_grid = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).flatten(2, 3)  # [B, h, L, d]
+            else:
+                outs.append(self.gathered(q_g, ka_g, va_g, pat, group))
+        o_grid = (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]).flatten(2, 3)  # [B, h, Q·S, d]
+        o_pre, o_gg = o_glob.split([P, pat.num_global_grid], dim=2)
+        if pat.inverse is not None:
+            o_grid = select_rows(torch.cat([o_grid, o_gg], dim=2), pat.inverse)  # [B, h, L, d] raster order
         return torch.cat([o_pre, o_grid], dim=2) if P else o_grid
 
     def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
@@ -246,15 +248,12 @@ class SparsePatternAttention(QKVAttention):
         """Additive score of a grid pair for the flex path (as :meth:`grid_bias`); None: no bias."""
         return None
 
-    def attend_blocks(self, q: Tensor, k: Tensor, v: Tensor, pat: SparsePattern) -> Tensor:
-        """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` for a pattern of query blocks (BigBird: one
-        gathered head group, no learned tokens): one :func:`~vitzoo.attention._gather.block_attention` call runs
-        every block over its gathered keys and the global queries (prefix tokens, global blocks) over every key,
-        and writes each token's output row."""
-        (group,) = pat.groups
+    def gathered(self, q: Tensor, k_all: Tensor, v_all: Tensor, pat: SparsePattern, group: HeadGroup) -> Tensor:
+        """Grid ``q[B, h, L, d]`` of one gathered head group over its keys in ``k_all, v_all[B, h, P + g + L, d]``
+        -> ``[B, h, Q, S, d]``: each query group's S queries over its K keys, in fused calls."""
         p_drop = self.attn_drop.p if self.training else 0.0
-        return block_attention(q, k, v, pat.query_rows, group.keys, group.mask, self.scale, p_drop,
-                               out_ids=pat.output_slots, glob_ids=pat.global_queries)
+        out = block_attention(q, k_all, v_all, pat.query_rows, group.keys, group.mask, self.scale, p_drop)  # [B, h, Q·S, d]
+        return out.unflatten(2, pat.group_shape())
 
     def attend_flops(self, grid: Grid) -> int:
         """Analytic MACs of the pattern, for every ``attention.impl`` (FlexAttention skips fully masked

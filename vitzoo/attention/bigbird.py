@@ -198,8 +198,7 @@ class BigBirdAttention(SparsePatternAttention):
         keys = torch.cat([glob.expand(h, Q, -1), front + raster_ids(keys, grid, (Hp, Wp))], dim=2)  # [h, Q, P + G + K]
         mask = global_mask(mask[0] if bool((mask == mask[:1]).all()) else mask, glob.numel())  # [(h,) Q, S, P + G + K]
         groups = [HeadGroup(h, keys, mask)]  # one group, each head with its own random blocks
-        return SparsePattern(grid, groups, padded=(Hp, Wp), queries=tokens[tiles].flatten(1), global_grid=global_grid,
-                             prefix=front)
+        return SparsePattern(grid, groups, padded=(Hp, Wp), queries=tokens[tiles].flatten(1), global_grid=global_grid)
 
     def grid_mask(self, grid: Grid) -> Tensor:
         """Block-level mask per head (window ranges, the head's random draw, global rows/columns) expanded to tokens."""
