@@ -193,6 +193,38 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
+@pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
+def test_kernel_core_backward_from_its_output_matches_recompute(kind, monkeypatch):
+    """Backward takes g·out from the returned output and releases it; a second backward of the retained graph
+    recomputes φ(Q)[kv | z] instead and gives the same gradients; an output changed in place is not used."""
+    from vitzoo.attention import _kernel_core
+
+    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 12)  # several (image, head) chunks and token blocks
+    torch.manual_seed(0)
+    B, N, h, d, m = 2, 7, 2, 4, 6
+    qkv = (0.5 * torch.randn(B, N, 3 * h * d, dtype=torch.float64)).requires_grad_()
+    omega = {"exp": torch.randn(m, d, dtype=torch.float64), "fourier": torch.randn(h, m, d, dtype=torch.float64),
+             "elu": None}[kind]
+    scale = (torch.rand(h, 1, d, dtype=torch.float64) + 0.5).requires_grad_() if kind == "fourier" else None
+    inputs = [t for t in (qkv, scale) if t is not None]
+    eps = {"exp": 1e-6, "fourier": 1e-3, "elu": None}[kind]
+
+    def run():
+        return _kernel_core.kernel_attention_qkv(kind, qkv, h, omega, scale, eps, 1 / m)
+    y = run()
+    g_y = torch.randn_like(y)
+    assert y.grad_fn.out is not None
+    from_output = torch.autograd.grad(y, inputs, g_y, retain_graph=True)
+    assert y.grad_fn.out is None  # released by the first backward
+    recomputed = torch.autograd.grad(y, inputs, g_y)
+    for a, b in zip(from_output, recomputed):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+    y = run()
+    y.mul_(2)  # the saved output is stale now: backward must not use it
+    for a, b in zip(torch.autograd.grad(y, inputs, g_y), from_output):
+        torch.testing.assert_close(a, 2 * b, rtol=1e-10, atol=1e-13)
+
+
 @pytest.mark.parametrize("name", ["performer", "rfa", "linear", "efficient"])
 def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
     """The fused forward (features recomputed in backward) gives the per-head path's values and gradients."""

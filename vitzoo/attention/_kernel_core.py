@@ -4,8 +4,9 @@ Autograd through the plain expression keeps every ``[B, h, N, m]`` tensor it mee
 features, their exponentials) alive until backward: several times the memory of q, k and v, and
 several passes over memory that is far larger than the caches. :class:`KernelAttention` takes the
 fused projection ``qkv[B, N, 3C]`` and returns ``[B, N, C]`` (no head split/merge copies), saves
-only ``qkv``, ``φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` and the ``"exp"`` stabilisers ``[B, h, N, 1]``,
-recomputes the features (and ``φ(Q)φ(K)ᵀ[V | 1]``) in backward, and works through (image, head)
+only ``qkv``, ``φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]``, the normalisers and the ``"exp"`` stabilisers
+``[B, h, N, 1]``, takes ``g·out`` from the output it returned (released after that one pass), recomputes
+the features in backward, and works through (image, head)
 pairs and token blocks of about :data:`CHUNK_ELEMENTS` features per thread (:data:`FEATURE_CHUNK_SCALE`
 times that for random features), so that a block's features stay in cache between the exponential and
 the matmuls that read them.
@@ -122,6 +123,48 @@ def _floor(den: Tensor, eps: Optional[float]) -> Tensor:
     return den if eps is None else den.clamp_min(eps)
 
 
+def _normalise_backward(g_o: Tensor, dot: Tensor, den_raw: Tensor, eps: Optional[float],
+                        with_half: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """Gradients through ``out = φ(Q)kv / max(φ(Q)z, eps)`` of a query block.
+
+    Args:
+        g_o: ``∂L/∂out`` ``[b, h, n, d]``.
+        dot: ``g·out`` per query ``[b, h, n, 1]``.
+        den_raw: ``φ(Q)z`` ``[b, h, n, 1]`` before the floor.
+        eps: the floor (None: none).
+        with_half: also return ``∂L/∂(‖x‖²/2) = -Σ_e ∂L/∂qkvz·qkvz`` (``"exp"``; 0 unless floored).
+
+    Returns:
+        ``∂L/∂[φ(Q)kv | φ(Q)z]`` ``[b, h, n, d+1]`` and the ``"exp"`` term ``[b, h, n, 1]`` (or None).
+    """
+    den = _floor(den_raw, eps)
+    grad_den = -dot / den  # ∂L/∂(φ(Q)z) = -(g·out)/den
+    if eps is not None:
+        grad_den = grad_den * (den_raw >= eps)  # clamp_min passes the gradient where not clamped
+    grad_qkvz = torch.cat([g_o / den, grad_den], dim=-1)  # ∂L/∂(φ(Q)kv) = g/den
+    return grad_qkvz, (-(dot + grad_den * den_raw) if with_half else None)  # Σ ∂L/∂(φ(Q)kv)·φ(Q)kv = g·out
+
+
+def _output_dots(ctx, grad: Tensor, heads: int) -> Optional[Tensor]:
+    """``[B, h, N, 1]``: ``g·out`` per query and head from :class:`KernelAttention`'s output ``ctx.out``, which this releases.
+
+    Backward then needs no ``φ(Q)[kv | z]`` (an ``N·m·(d+1)`` product per head). The output projection saves
+    the same output for its weight gradient and frees it when its backward has run, before this one; held
+    here through the whole backward it would be extra memory at the live peak, so it is released after
+    this pass (a temporary of one image at a time). None (recompute ``φ(Q)[kv | z]``): no output kept
+    (a low-precision one, or a second backward of a retained graph) or the output was changed in place.
+    """
+    out, ctx.out = ctx.out, None
+    if out is None or out._version != ctx.out_version:
+        return None
+    B, N, C = out.shape
+    dots = out.new_empty(B, N, heads)
+    g4, o4 = grad.reshape(B, N, heads, C // heads), out.view(B, N, heads, C // heads)
+    for i in range(B):
+        dots[i] = (g4[i].to(out.dtype) * o4[i]).sum(dim=-1)  # [N, h]
+    return dots.transpose(1, 2).unsqueeze(-1)  # [B, N, h] -> [B, h, N, 1]
+
+
 def _prepare(kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """A chunk of q or k ``[b, h, N, d]`` as the feature map takes it, contiguous in ``acc``: ``x/d^¼``
     (``"exp"``), ``s∘x/‖x‖`` (``"fourier"``, also returning ``x/‖x‖`` and ``‖x‖``) or ``x`` (``"elu"``)."""
@@ -167,17 +210,21 @@ class KernelAttention(torch.autograd.Function):
     def forward(ctx, kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
                 eps: Optional[float], factor: float) -> Tensor:
         with torch.autocast(qkv.device.type, enabled=False):
-            out, kvz, shift_q, shift_k = kernel_forward(kind, qkv, heads, omega, scale, eps, factor)
+            out, kvz, shift_q, shift_k, den = kernel_forward(kind, qkv, heads, omega, scale, eps, factor)
         ctx.kind, ctx.heads, ctx.eps, ctx.factor = kind, heads, eps, factor
-        ctx.save_for_backward(qkv, omega, scale, kvz, shift_q, shift_k)
+        ctx.save_for_backward(qkv, omega, scale, kvz, shift_q, shift_k, den)
+        # the output as computed (accumulation dtype only), held outside autograd's saved tensors so that
+        # backward can release it after one pass (see _output_dots); its version detects in-place changes
+        ctx.out, ctx.out_version = (out.detach(), out._version) if out.dtype == kvz.dtype else (None, None)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        qkv, omega, scale, kvz, shift_q, shift_k = ctx.saved_tensors
+        qkv, omega, scale, kvz, shift_q, shift_k, den = ctx.saved_tensors
         kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
         B, N, C3 = qkv.shape
         d, acc = C3 // 3 // heads, kvz.dtype
+        dots = _output_dots(ctx, grad, heads)  # [B, h, N, 1] g·out, or None: φ(Q)[kv | z] recomputed
         omega = None if omega is None else omega.to(acc)
         grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         grad_scale = None if scale is None else torch.zeros(scale.shape, dtype=acc, device=qkv.device)
@@ -193,24 +240,22 @@ class KernelAttention(torch.autograd.Function):
                 for r in rows:  # queries: features recomputed
                     xq, unit, norm = _prepare(kind, q5[b, r, 0, j].transpose(1, 2), s, acc)  # [b, h, n, d]
                     phi_q, _ = _features(kind, xq, w, None if shift_q is None else shift_q[b, j, r], True)
-                    qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, n, d+1], as in forward
-                    den_raw = qkvz_c[..., d:]
-                    den = _floor(den_raw, eps)
-                    grad_num = o5[b, r, j].transpose(1, 2).to(acc) / den  # [b, h, n, d]
-                    grad_den = (grad_num * qkvz_c[..., :d]).sum(dim=-1, keepdim=True).div_(den).neg_()  # -(g·out)/den
-                    if eps is not None:
-                        grad_den = grad_den * (den_raw >= eps)  # clamp_min passes the gradient where not clamped
-                    grad_qkvz = torch.cat([grad_num, grad_den], dim=-1)  # [b, h, n, d+1]
-                    del grad_num, grad_den
+                    den_raw, g_o = den[b, j, r], o5[b, r, j].transpose(1, 2).to(acc)  # φ(Q)z [b, h, n, 1], ∂L/∂out
+                    if dots is None:  # g·out from [φ(Q)kv | φ(Q)z] recomputed as in forward
+                        qkvz_c = phi_q @ kvz_c  # [b, h, n, d+1]
+                        dot = (g_o * qkvz_c[..., :d]).sum(dim=-1, keepdim=True).div_(_floor(den_raw, eps))
+                        del qkvz_c
+                    else:
+                        dot = dots[b, j, r]
+                    grad_qkvz, half = _normalise_backward(g_o, dot, den_raw, eps, kind == "exp")  # [b, h, n, d+1]
+                    del g_o, dot
                     g = phi_q.transpose(-2, -1) @ grad_qkvz  # [b, h, m, d+1]
                     g_kvz = g if g_kvz is None else g_kvz.add_(g)
-                    # ∂L/∂(‖x‖²/2) = -Σ_m ∂L/∂φ·φ = -Σ_e ∂L/∂qkvz·qkvz (exp; O(n·d))
-                    half = -(grad_qkvz * qkvz_c).sum(dim=-1, keepdim=True) if kind == "exp" else None
                     g5[b, r, 0, j], gs = _input_grad(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half,
                                                      unit, norm, s)
                     if gs is not None:
                         grad_scale[j] += gs
-                    del xq, unit, norm, phi_q, qkvz_c, den_raw, den, grad_qkvz  # freed before the next block's
+                    del xq, unit, norm, phi_q, den_raw, grad_qkvz  # freed before the next block's
                 if factor != 1.0:
                     g_kvz *= factor
                 for r in rows:  # keys and values
@@ -238,7 +283,8 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
 
     Returns:
         ``out`` (``qkv``'s dtype), ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` (float32 or
-        float64) and the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` (backward recomputes ``φ(Q)·kvz``).
+        float64), the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` and the normalisers ``φ(Q)·kvz_z``
+        ``[B, h, N, 1]`` before the floor.
     """
     B, N, C3 = qkv.shape
     d, acc = C3 // 3 // heads, torch.promote_types(qkv.dtype, torch.float32)
@@ -248,6 +294,7 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
     q5, o5 = qkv.reshape(B, N, 3, heads, d), out.view(B, N, heads, d)
     omega = None if omega is None else omega.to(acc)
     shifts = [qkv.new_empty(B, heads, N, 1, dtype=acc) for _ in range(2)] if kind == "exp" else [None, None]
+    den = qkv.new_empty(B, heads, N, 1, dtype=acc)
     wide = _chunk_scale(omega)
     for b, j in _chunks(B, heads, N * m, qkv.device, wide):
         w, s = _omega(omega, j), None if scale is None else scale[j]
@@ -266,9 +313,10 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
             phi_q, shift_q = _features(kind, xq, w, None, True)
             qkvz_c = phi_q @ kvz_c  # [φ(Q)kv | φ(Q)z] [b, h, n, d+1]: N·m·(d+1) in all
             o5[b, r, j] = (qkvz_c[..., :d] / _floor(qkvz_c[..., d:], eps)).transpose(1, 2)
+            den[b, j, r] = qkvz_c[..., d:]
             if shift_q is not None:
                 shifts[0][b, j, r] = shift_q
-    return out, kvz, shifts[0], shifts[1]
+    return out, kvz, shifts[0], shifts[1], den
 
 
 def kernel_attention_qkv(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor] = None,
