@@ -16,6 +16,7 @@ Feature maps (``kind``), of prepared inputs ``x`` (q and k scaled or normalised 
 
 * ``"exp"`` (performer): ``φ(x) = exp(ωx - ‖x‖²/2 - c)`` of ``x = q/d^¼`` with ``c`` the largest exponent
   of the query's row (queries) or of all keys of the (image, head) (keys); ``c`` is a constant of autograd.
+  The ``1/d^¼`` is folded into ω and ``‖x‖²``, so that q and k are read in place (no scaled copy).
 * ``"fourier"`` (rfa): ``φ(x) = [sin ωx, cos ωx]`` of ``x = s∘q/‖q‖``; the ``1/√D`` of both φ's is the ``factor`` 1/D.
 * ``"elu"`` (linear): ``φ(x) = elu(x) + 1`` (no ω).
 
@@ -83,8 +84,8 @@ def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Ten
     (computed when ``shift`` is None, else reused: backward recomputes the forward's features)."""
     if kind == "elu":
         return F.elu(x).add_(1), None
-    if kind == "exp":  # ωx in log2 units (exp2 is the fast exponential, LOG2E): stabilisers in log2 units too
-        omega = omega * LOG2E
+    if kind == "exp":  # ω(x/d^¼) in log2 units (exp2 is the fast exponential, LOG2E): stabilisers in log2 units too
+        omega = omega * (LOG2E * _exp_scale(x))
     proj = x @ omega.transpose(-2, -1)  # ωx [b, h, N, m]: N·d·m per head
     if kind == "fourier":  # sin over [ωx | ωx + π/2] = [sin ωx | cos ωx]: one contiguous pass
         if proj.requires_grad or torch.compiler.is_compiling():  # traced with autograd on: no out= there
@@ -99,7 +100,7 @@ def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Ten
         if query:  # ‖x‖²/2 is constant along the row: the shift is just the row's largest ωx
             shift = top
         else:  # ‖x‖²/2 + the largest exponent over all keys of the (image, head)
-            half_sq = x.square().sum(dim=-1, keepdim=True).mul_(0.5 * LOG2E)  # [b, h, N, 1]
+            half_sq = x.square().sum(dim=-1, keepdim=True).mul_(0.5 * LOG2E * _exp_scale(x) ** 2)  # [b, h, N, 1]
             shift = half_sq + (top - half_sq).amax(dim=-2, keepdim=True)
     return proj.sub_(shift).exp2_(), shift  # largest query feature (or key feature) is exactly 1
 
@@ -107,7 +108,7 @@ def _features(kind: str, x: Tensor, omega: Optional[Tensor], shift: Optional[Ten
 def _features_backward(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Optional[Tensor],
                        grad_half_sq: Optional[Tensor]) -> Tensor:
     """``∂L/∂x`` from ``∂L/∂φ`` (overwritten) and the recomputed ``φ``; ``grad_half_sq`` ``[b, h, N, 1]``
-    is ``∂L/∂(‖x‖²/2)`` for ``"exp"`` (the row sum of ``∂L/∂φ ⊙ φ`` with a minus sign)."""
+    is ``∂L/∂(‖x̃‖²/2)`` for ``"exp"`` (the row sum of ``∂L/∂φ ⊙ φ`` with a minus sign)."""
     if kind == "elu":
         return grad_phi.mul_(phi.clamp_(max=1))  # d(elu+1)/dx: 1 for x > 0, exp(x) = φ for x ≤ 0
     if kind == "fourier":
@@ -116,7 +117,13 @@ def _features_backward(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omeg
         grad_proj.addcmul_(grad_phi[..., D:], phi[..., :D], value=-1)  # d cos = -sin
         return grad_proj @ omega
     grad_proj = grad_phi.mul_(phi)  # d exp(u) = exp(u) du [b, h, N, m]
-    return (grad_proj @ omega).addcmul_(grad_half_sq, x)  # + ∂(‖x‖²/2)/∂x = x
+    c = _exp_scale(x)  # of x̃ = c·x: ∂L/∂x = c·ω ∂L/∂(ωx̃) + c²·x ∂L/∂(‖x̃‖²/2)
+    return (grad_proj @ (omega * c)).addcmul_(grad_half_sq, x, value=c * c)
+
+
+def _exp_scale(x: Tensor) -> float:
+    """``1/d^¼``: ``"exp"`` takes ``x/d^¼`` (with k's, ``1/√d`` of the scores), folded into ω and ``‖x‖²``."""
+    return x.shape[-1] ** -0.25
 
 
 def _floor(den: Tensor, eps: Optional[float]) -> Tensor:
@@ -166,11 +173,12 @@ def _output_dots(ctx, grad: Tensor, heads: int) -> Optional[Tensor]:
 
 
 def _prepare(kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    """A chunk of q or k ``[b, h, N, d]`` as the feature map takes it, contiguous in ``acc``: ``x/d^¼``
-    (``"exp"``), ``s∘x/‖x‖`` (``"fourier"``, also returning ``x/‖x‖`` and ``‖x‖``) or ``x`` (``"elu"``)."""
-    xt = torch.empty(x.shape, dtype=acc, device=x.device).copy_(x)  # a fresh copy: safe to change in place
+    """A chunk of q or k ``[b, h, N, d]`` as the feature map takes it: ``x`` itself in ``acc`` (``"exp"``, whose
+    1/d^¼ :func:`_features` folds into ω; read, never changed), contiguous copies in ``acc`` of ``s∘x/‖x‖``
+    (``"fourier"``, also returning ``x/‖x‖`` and ``‖x‖``) or ``x`` (``"elu"``)."""
     if kind == "exp":
-        return xt.mul_(x.shape[-1] ** -0.25), None, None
+        return x.to(acc), None, None
+    xt = torch.empty(x.shape, dtype=acc, device=x.device).copy_(x)  # a fresh copy: safe to change in place
     if kind == "fourier":
         norm = xt.norm(dim=-1, keepdim=True).clamp_min_(1e-12)  # as F.normalize [b, h, N, 1]
         unit = xt.div_(norm)
@@ -190,8 +198,6 @@ def _input_grad(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Opti
 def _prepare_backward(kind: str, grad: Tensor, unit: Optional[Tensor], norm: Optional[Tensor],
                       scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
     """``∂L/∂x`` of :func:`_prepare` from ``∂L/∂x̃`` (overwritten), and ``∂L/∂s`` ``[h, 1, d]`` for ``"fourier"``."""
-    if kind == "exp":
-        return grad.mul_(grad.shape[-1] ** -0.25), None
     if kind == "fourier":
         grad_scale = (grad * unit).sum(dim=(0, 2)).unsqueeze(1)  # Σ over images and tokens [h, 1, d]
         grad_unit = grad.mul_(scale.to(grad.dtype))
