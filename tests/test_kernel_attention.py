@@ -243,11 +243,11 @@ def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
 
 
 def test_efficient_core_gradcheck(monkeypatch):
-    from vitzoo.attention import _kernel_core
+    from vitzoo.attention import _efficient_core, _kernel_core
 
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 40)  # several chunks
     qkv = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: _kernel_core.efficient_attention_qkv(t, 2), (qkv,))
+    assert torch.autograd.gradcheck(lambda t: _efficient_core.efficient_attention_qkv(t, 2), (qkv,))
 
 
 @pytest.mark.parametrize("mats,heads", [(2, 3), (2, 1), (1, 1)], ids=["none", "headwise", "kv"])

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
+from vitzoo.attention._efficient_core import efficient_attention_qkv
 from vitzoo.attention._kernel import kernel_attention, kernel_attention_flops, kernel_attention_quadratic
-from vitzoo.attention._kernel_core import efficient_attention_qkv, kernel_attention_qkv
+from vitzoo.attention._kernel_core import kernel_attention_qkv
 from vitzoo.attention.base import Grid, QKVAttention
 
 
