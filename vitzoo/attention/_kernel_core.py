@@ -221,7 +221,8 @@ class KernelAttention(torch.autograd.Function):
         ctx.save_for_backward(qkv, omega, scale, kvz, shift_q, shift_k, den)
         # the output as computed (accumulation dtype only), held outside autograd's saved tensors so that
         # backward can release it after one pass (see _output_dots); its version detects in-place changes
-        ctx.out, ctx.out_version = (out.detach(), out._version) if out.dtype == kvz.dtype else (None, None)
+        keep = ctx.needs_input_grad[1] and out.dtype == kvz.dtype and not out.is_inference()
+        ctx.out, ctx.out_version = (out.detach(), out._version) if keep else (None, None)
         return out
 
     @staticmethod
