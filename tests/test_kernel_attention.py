@@ -172,6 +172,22 @@ def test_trains_inside_models(model, name):
 
 # ---------------------------------------------------------------- fused kernel core (features recomputed in backward)
 
+CORE_HEADS = 2
+
+
+def _core_inputs(kind: str, tokens: int):
+    """float64 inputs of the kernel core for one feature map (2 images, 2 heads of 4 channels, 6 features):
+    ``qkv``, ω, the fourier scale ``s`` (or None), the normaliser floor and the factor."""
+    torch.manual_seed(0)
+    h, d, m = CORE_HEADS, 4, 6
+    qkv = (0.5 * torch.randn(2, tokens, 3 * h * d, dtype=torch.float64)).requires_grad_()
+    omega = {"exp": torch.randn(m, d, dtype=torch.float64), "fourier": torch.randn(h, m, d, dtype=torch.float64),
+             "elu": None}[kind]
+    scale = (torch.rand(h, 1, d, dtype=torch.float64) + 0.5).requires_grad_() if kind == "fourier" else None
+    eps, factor = (1e-3, 1 / m) if kind == "fourier" else (1e-6 if kind == "exp" else None, 1.0)
+    return qkv, omega, scale, eps, factor
+
+
 @pytest.mark.parametrize("chunk", [1 << 20, 40, 12], ids=["one_chunk", "chunks", "token_blocks"])
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
 def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
@@ -179,13 +195,8 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     from vitzoo.attention import _kernel_core
 
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
-    torch.manual_seed(0)
-    B, N, h, d, m = 2, 5, 2, 4, 6
-    qkv = (0.5 * torch.randn(B, N, 3 * h * d, dtype=torch.float64)).requires_grad_()
-    omega = {"exp": torch.randn(m, d, dtype=torch.float64), "fourier": torch.randn(h, m, d, dtype=torch.float64),
-             "elu": None}[kind]
-    scale = (torch.rand(h, 1, d, dtype=torch.float64) + 0.5).requires_grad_() if kind == "fourier" else None
-    eps, factor = (1e-3, 1 / m) if kind == "fourier" else (1e-6 if kind == "exp" else None, 1.0)
+    qkv, omega, scale, eps, factor = _core_inputs(kind, 5)
+    h = CORE_HEADS
     inputs = (qkv,) if scale is None else (qkv, scale)
 
     def fn(*args):
@@ -200,17 +211,11 @@ def test_kernel_core_backward_from_its_output_matches_recompute(kind, monkeypatc
     from vitzoo.attention import _kernel_core
 
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 12)  # several (image, head) chunks and token blocks
-    torch.manual_seed(0)
-    B, N, h, d, m = 2, 7, 2, 4, 6
-    qkv = (0.5 * torch.randn(B, N, 3 * h * d, dtype=torch.float64)).requires_grad_()
-    omega = {"exp": torch.randn(m, d, dtype=torch.float64), "fourier": torch.randn(h, m, d, dtype=torch.float64),
-             "elu": None}[kind]
-    scale = (torch.rand(h, 1, d, dtype=torch.float64) + 0.5).requires_grad_() if kind == "fourier" else None
+    qkv, omega, scale, eps, factor = _core_inputs(kind, 7)
     inputs = [t for t in (qkv, scale) if t is not None]
-    eps = {"exp": 1e-6, "fourier": 1e-3, "elu": None}[kind]
 
     def run():
-        return _kernel_core.kernel_attention_qkv(kind, qkv, h, omega, scale, eps, 1 / m)
+        return _kernel_core.kernel_attention_qkv(kind, qkv, CORE_HEADS, omega, scale, eps, factor)
     y = run()
     g_y = torch.randn_like(y)
     assert y.grad_fn.out is not None

@@ -290,7 +290,7 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
 
     Returns:
         ``out`` (``qkv``'s dtype), ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]`` (float32 or
-        float64), the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` and the normalisers ``φ(Q)·kvz_z``
+        float64), the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` and the normalisers ``φ(Q)z``
         ``[B, h, N, 1]`` before the floor.
     """
     B, N, C3 = qkv.shape
