@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from vitzoo.attention import _block_kernel
 from vitzoo.attention.base import LOG2E, tracing
 
 
@@ -61,7 +62,9 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     """Blocks of S queries, each over the global keys and its own gathered keys: fused SDPA, recomputed in backward.
 
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
-    ``k[..., k_ids[i], :]``. The blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements
+    ``k[..., k_ids[i], :]``. On the CPU in float32/float64 without dropout (not traced), vitzoo's compiled kernel
+    runs them (:mod:`vitzoo.attention._block_kernel`: one task per image and head, nothing gathered in memory,
+    backward from the saved log-sum-exp). Otherwise the blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements
     per image, one SDPA call each. For training on the CPU without dropout or autocast, backward gathers
     the chunk's blocks again and recomputes their probabilities from the saved log-sum-exp (:class:`_BlockSDPA`):
     neither the gathered keys/values, the probabilities nor the output are stored. Elsewhere
@@ -89,6 +92,8 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
             return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
         return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
                           use_reentrant=False)
+    if p_drop == 0.0 and not tracing() and _block_kernel.usable(q, k, v, k_glob, v_glob):  # inference
+        return _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)[0]
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
 
@@ -260,6 +265,12 @@ class _BlockSDPA(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
                 q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
+        ctx.kernel = not tracing() and _block_kernel.usable(q, k, v, k_glob, v_glob)
+        ctx.scale = scale
+        if ctx.kernel:  # the compiled kernel (one task per image and head)
+            out, lse = _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
+            ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
+            return out
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
         keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
         for part in _chunks(q, k_ids, FORWARD_SCALE):
@@ -270,12 +281,13 @@ class _BlockSDPA(torch.autograd.Function):
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = l.view(B, c, m, S)
         ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
-        ctx.scale = scale
         out = out.view(B, c, n * S, d)
         return out if out_ids is None else select_rows(out, out_ids)  # [B, c, L_out, d]
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+        if ctx.kernel:
+            return _kernel_backward(ctx, grad)
         q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse = ctx.saved_tensors
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         grad = grad.to(q.dtype)
@@ -313,3 +325,42 @@ class _BlockSDPA(torch.autograd.Function):
             del d_k_s, d_v_s  # before the next chunk is gathered
         d_k, d_v = _kv_grads(d_kv, k_ids)
         return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None
+
+
+def _kernel_args(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                 k_ids: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
+    """:class:`_BlockSDPA`'s inputs as :func:`vitzoo.attention._block_kernel.forward` takes them (empty global
+    keys for None, ids ``[c or 1, n, K]``, the mask in the kernel's byte layout)."""
+    B, c, _, d = q.shape
+    empty = q.new_zeros(B, c, 0, d)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))  # rows of d contiguous elements
+    k_glob, v_glob = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (k_glob, v_glob))
+    q_ids, k_ids = q_ids.contiguous(), (k_ids if k_ids.dim() == 3 else k_ids[None]).contiguous()
+    keep = _block_kernel.keep_layout(mask, q_ids.shape[1])
+    return q, k, v, empty if k_glob is None else k_glob, empty if v_glob is None else v_glob, q_ids, k_ids, keep
+
+
+def _kernel_forward(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                    k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> tuple[Tensor, Tensor]:
+    """:func:`block_attention` through the compiled kernel (same arguments): the output ``[B, c, L_out, d]`` and
+    the log-sum-exp ``[B, c, n, S]``."""
+    (B, c, _, d), (n, S) = q.shape, q_ids.shape
+    out, lse = _block_kernel.forward(*_kernel_args(q, k, v, k_glob, v_glob, q_ids, k_ids, mask), scale)
+    out = out.view(B, c, n * S, d)
+    return (out if out_ids is None else select_rows(out, out_ids)), lse
+
+
+def _kernel_backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
+    """:class:`_BlockSDPA`'s backward through the compiled kernel: the output gradient in block order (zero
+    for slots without an output row), then the kernel's gradients."""
+    q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse = ctx.saved_tensors
+    (B, c, _, d), (n, S) = q.shape, q_ids.shape
+    grad = grad.to(q.dtype)
+    if out_ids is None:
+        g_o = grad.contiguous()
+    else:
+        g_o = grad.new_zeros(B, c, n * S, d).index_copy_(2, out_ids, grad)  # [B, c, n·S, d] block slots
+    args = _kernel_args(q, k, v, k_glob, v_glob, q_ids, k_ids, mask)
+    d_q, d_k, d_v, d_kg, d_vg = _block_kernel.backward(*args, ctx.scale, lse, g_o.view(B, c, n, S, d))
+    glob = (None, None) if k_glob is None else (d_kg, d_vg)
+    return d_q, d_k, d_v, *glob, None, None, None, None, None

@@ -1,0 +1,309 @@
+// Fused block-sparse attention for the CPU: the kernel of vitzoo.attention._gather.block_attention.
+//
+// Paper: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
+// NeurIPS 2022, https://arxiv.org/abs/2205.14135 (backward from the saved log-sum-exp; scores never stored).
+//
+// n blocks of S queries; block i's queries are q[b, h, q_ids[i]] and its keys/values the G global ones
+// followed by k[b, h, k_ids[h or 0, i]]. One task per (image, head) owns that head's gradient rows, so tasks
+// never write the same memory. Per block a task copies the block's rows into small buffers (in cache) and runs
+// register-blocked products on them: no gathered [B, h, n, K, d] copy, no per-block Python. Scores are kept
+// transposed, [keys, queries], so the softmax runs across the query lanes of a vector and the key rows are
+// copied without a transpose. Probabilities use exp2 (log2 units: the scale times log2(e) is folded into the
+// queries) and the log-sum-exp is saved in log2 units.
+//
+// Layout of the padded buffers: Kp = keys rounded up to 4, Sp = queries rounded up to 16, dp = head dim rounded
+// up to two vectors. The mask comes in that layout too, keep[mask heads, n, Kp, Sp] (bytes, 0 in the padding),
+// from vitzoo.attention._block_kernel.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+template <typename T> struct VecOf { typedef T type __attribute__((vector_size(32))); };
+template <typename T> using vec = typename VecOf<T>::type;  // one AVX register of T (GCC/Clang vector extension)
+template <typename T> constexpr int lanes() { return 32 / sizeof(T); }
+template <typename T> struct LaneMask {
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> type __attribute__((vector_size(32)));
+};
+template <typename T> struct ByteLanes { typedef uint8_t type __attribute__((vector_size(32 / sizeof(T)))); };
+
+template <typename T> inline vec<T> load(const T* p) { vec<T> v; std::memcpy(&v, p, sizeof(v)); return v; }
+template <typename T> inline void store(T* p, vec<T> v) { std::memcpy(p, &v, sizeof(v)); }
+template <typename T> inline vec<T> splat(T x) { return vec<T>{} + x; }
+
+// W bytes of a keep row as a lane mask (all ones where kept).
+template <typename T> inline typename LaneMask<T>::type kept(const uint8_t* m) {
+  typename ByteLanes<T>::type b;
+  std::memcpy(&b, m, sizeof(b));
+  return __builtin_convertvector(b, typename LaneMask<T>::type) != 0;
+}
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// C[M, N] = A(m, j) B[j, N] summed over j < R, with A(m, j) = A[m * sam + j * saj] (any layout: it is
+// broadcast) and B, C row-major. 4 rows x 2 vectors of accumulators; M % 4 == 0, N % (2W) == 0.
+template <typename T>
+void gemm(int64_t M, int64_t N, int64_t R, const T* A, int64_t sam, int64_t saj, const T* B, int64_t ldb, T* C,
+          int64_t ldc) {
+  constexpr int W = lanes<T>();
+  for (int64_t m0 = 0; m0 < M; m0 += 4) {
+    for (int64_t n0 = 0; n0 < N; n0 += 2 * W) {
+      vec<T> c[4][2] = {};
+      const T* a = A + m0 * sam;
+      for (int64_t j = 0; j < R; ++j) {
+        const vec<T> b0 = load<T>(B + j * ldb + n0), b1 = load<T>(B + j * ldb + n0 + W);
+        for (int r = 0; r < 4; ++r) {
+          const vec<T> x = splat<T>(a[r * sam + j * saj]);
+          c[r][0] += x * b0;
+          c[r][1] += x * b1;
+        }
+      }
+      for (int r = 0; r < 4; ++r) {
+        store<T>(C + (m0 + r) * ldc + n0, c[r][0]);
+        store<T>(C + (m0 + r) * ldc + n0 + W, c[r][1]);
+      }
+    }
+  }
+}
+
+// 2^x for x <= 0. float: a degree-6 polynomial after rounding to an integer power (relative error < 2e-7,
+// flushed to 2^-126 below it); double: std::exp2.
+inline vec<float> exp2v(vec<float> x) {
+  typedef int32_t ivec __attribute__((vector_size(32)));
+  x = x < -126.0f ? splat<float>(-126.0f) : x;
+  const ivec k = __builtin_convertvector(x - 0.5f, ivec);  // toward zero: the nearest integer, |f| <= 0.5
+  const vec<float> f = (x - __builtin_convertvector(k, vec<float>)) * 0.69314718056f;  // 2^f = e^(f ln 2)
+  const vec<float> p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f / 720)))));
+  const ivec bits = (k + 127) << 23;  // 2^k as a float
+  vec<float> two_k;
+  std::memcpy(&two_k, &bits, sizeof(two_k));
+  return p * two_k;
+}
+inline vec<double> exp2v(vec<double> x) {
+  for (int i = 0; i < 4; ++i) x[i] = std::exp2(x[i]);
+  return x;
+}
+
+struct Dims {
+  int64_t B, c, d, n, S, K, G, Kn, Kp, Sp, dp, id_heads, mask_heads;
+};
+
+// One (image, head)'s rows of a [B, c, L, d] tensor (last dim contiguous).
+template <typename T> struct Rows {
+  const T* base;
+  int64_t step;
+  const T* operator[](int64_t l) const { return base + l * step; }
+};
+template <typename T> Rows<T> rows_of(const at::Tensor& t, int64_t b, int64_t h) {
+  return {t.data_ptr<T>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
+}
+
+// The small per-task buffers of one block (row-major unless named transposed).
+template <typename T> struct Block {
+  std::vector<T> q, qt, k, v, o, ot, st, dst, acc, dk, dv;
+  explicit Block(const Dims& s)
+      : q(s.Sp * s.dp), qt(s.dp * s.Sp), k(s.Kp * s.dp), v(s.Kp * s.dp), o(s.Sp * s.dp), ot(s.dp * s.Sp),
+        st(s.Kp * s.Sp), dst(s.Kp * s.Sp), acc(s.Sp * s.dp), dk(s.Kp * s.dp), dv(s.Kp * s.dp) {}
+};
+
+// Copies block i's query rows (q, and qt = qᵀ times scale2) and key/value rows of one (image, head).
+template <typename T>
+void load_block(const Dims& s, Rows<T> q, Rows<T> k, Rows<T> v, Rows<T> kg, Rows<T> vg, const int64_t* q_ids,
+                const int64_t* k_ids, T scale2, Block<T>& blk) {
+  for (int64_t r = 0; r < s.S; ++r) {
+    const T* row = q[q_ids[r]];
+    std::memcpy(&blk.q[r * s.dp], row, s.d * sizeof(T));
+    for (int64_t x = 0; x < s.d; ++x) blk.qt[x * s.Sp + r] = row[x] * scale2;
+  }
+  for (int64_t j = 0; j < s.Kn; ++j) {
+    std::memcpy(&blk.k[j * s.dp], j < s.G ? kg[j] : k[k_ids[j - s.G]], s.d * sizeof(T));
+    std::memcpy(&blk.v[j * s.dp], j < s.G ? vg[j] : v[k_ids[j - s.G]], s.d * sizeof(T));
+  }
+}
+
+// Transposed scores st[Kp, Sp] = K (Q scale2)ᵀ, in log2 units.
+template <typename T> void scores(const Dims& s, Block<T>& blk) {
+  gemm<T>(s.Kp, s.Sp, s.d, blk.k.data(), s.dp, 1, blk.qt.data(), s.Sp, blk.st.data(), s.Sp);
+}
+
+Dims dims_of(const at::Tensor& q, const at::Tensor& kg, const at::Tensor& q_ids, const at::Tensor& k_ids,
+             const at::Tensor& keep) {
+  Dims s;
+  s.B = q.size(0), s.c = q.size(1), s.d = q.size(3), s.n = q_ids.size(0), s.S = q_ids.size(1);
+  s.id_heads = k_ids.size(0), s.K = k_ids.size(2), s.G = kg.size(2), s.Kn = s.G + s.K;
+  s.Kp = round_up(s.Kn, 4), s.Sp = round_up(s.S, 16), s.dp = round_up(s.d, 16);
+  s.mask_heads = keep.size(0);
+  TORCH_CHECK(keep.size(1) == s.n && keep.size(2) == s.Kp && keep.size(3) == s.Sp, "block_attention: keep is not ",
+              "[heads, ", s.n, ", ", s.Kp, ", ", s.Sp, "]");
+  return s;
+}
+
+template <typename T>
+void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kg,
+                  const at::Tensor& vg, const at::Tensor& q_ids, const at::Tensor& k_ids, const at::Tensor& keep,
+                  double scale, at::Tensor& out, at::Tensor& lse) {
+  constexpr int W = lanes<T>();
+  const Dims s = dims_of(q, kg, q_ids, k_ids, keep);
+  const int64_t *qi = q_ids.data_ptr<int64_t>(), *ki = k_ids.data_ptr<int64_t>();
+  const uint8_t* mk = keep.data_ptr<uint8_t>();
+  const T scale2 = static_cast<T>(scale * M_LOG2E);
+  at::parallel_for(0, s.B * s.c, 1, [&](int64_t begin, int64_t end) {
+    Block<T> blk(s);
+    std::vector<T> mx(s.Sp), inv(s.Sp);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / s.c, h = bh % s.c;
+      for (int64_t i = 0; i < s.n; ++i) {
+        load_block<T>(s, rows_of<T>(q, b, h), rows_of<T>(k, b, h), rows_of<T>(v, b, h), rows_of<T>(kg, b, h),
+                      rows_of<T>(vg, b, h), qi + i * s.S, ki + ((s.id_heads > 1 ? h : 0) * s.n + i) * s.K, scale2, blk);
+        scores<T>(s, blk);
+        const uint8_t* m = mk + ((s.mask_heads > 1 ? h : 0) * s.n + i) * s.Kp * s.Sp;  // keep[Kp, Sp]
+        for (int64_t r = 0; r < s.Sp; r += W) {  // W queries at a time: max, then 2^(x - max) and the sum
+          vec<T> top = splat<T>(-INFINITY), sum = {};
+          for (int64_t j = 0; j < s.Kn; ++j) {
+            const vec<T> x = load<T>(&blk.st[j * s.Sp + r]);
+            top = (kept<T>(m + j * s.Sp + r) & (x > top)) ? x : top;
+          }
+          for (int64_t j = 0; j < s.Kp; ++j) {
+            T* p = &blk.st[j * s.Sp + r];
+            const vec<T> e = exp2v(load<T>(p) - top);
+            store<T>(p, kept<T>(m + j * s.Sp + r) ? e : vec<T>{});
+            sum += load<T>(p);
+          }
+          store<T>(&mx[r], top);
+          store<T>(&inv[r], 1 / sum);
+        }
+        // O = P V: P(s, j) = st[j, s]
+        gemm<T>(s.Sp, s.dp, s.Kp, blk.st.data(), 1, s.Sp, blk.v.data(), s.dp, blk.acc.data(), s.dp);
+        T* o = out.data_ptr<T>() + (bh * s.n + i) * s.S * s.d;
+        T* l = lse.data_ptr<T>() + (bh * s.n + i) * s.S;
+        for (int64_t r = 0; r < s.S; ++r) {
+          for (int64_t x = 0; x < s.d; ++x) o[r * s.d + x] = blk.acc[r * s.dp + x] * inv[r];
+          l[r] = mx[r] - std::log2(inv[r]);
+        }
+      }
+    }
+  });
+}
+
+// Adds rows[j] (j < count) of a [count, dp] buffer to dst rows ids[j] (d elements each).
+template <typename T> void add_rows(T* dst, int64_t d, const int64_t* ids, const T* rows, int64_t dp, int64_t count) {
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t x = 0; x < d; ++x) dst[ids[j] * d + x] += rows[j * dp + x];
+}
+
+template <typename T>
+void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kg,
+                   const at::Tensor& vg, const at::Tensor& q_ids, const at::Tensor& k_ids, const at::Tensor& keep,
+                   double scale, const at::Tensor& lse, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk,
+                   at::Tensor& dv, at::Tensor& dkg, at::Tensor& dvg) {
+  constexpr int W = lanes<T>();
+  const Dims s = dims_of(q, kg, q_ids, k_ids, keep);
+  const int64_t *qi = q_ids.data_ptr<int64_t>(), *ki = k_ids.data_ptr<int64_t>();
+  const uint8_t* mk = keep.data_ptr<uint8_t>();
+  const T scale2 = static_cast<T>(scale * M_LOG2E), sc = static_cast<T>(scale);
+  const int64_t Lq = dq.size(2), Lk = dk.size(2);
+  at::parallel_for(0, s.B * s.c, 1, [&](int64_t begin, int64_t end) {
+    Block<T> blk(s);
+    std::vector<T> lr(s.Sp);
+    std::vector<int64_t> glob(s.G);  // global rows 0..G-1
+    for (int64_t j = 0; j < s.G; ++j) glob[j] = j;
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / s.c, h = bh % s.c;
+      for (int64_t i = 0; i < s.n; ++i) {
+        const int64_t* kid = ki + ((s.id_heads > 1 ? h : 0) * s.n + i) * s.K;
+        load_block<T>(s, rows_of<T>(q, b, h), rows_of<T>(k, b, h), rows_of<T>(v, b, h), rows_of<T>(kg, b, h),
+                      rows_of<T>(vg, b, h), qi + i * s.S, kid, scale2, blk);
+        const T* g = grad.data_ptr<T>() + (bh * s.n + i) * s.S * s.d;  // dO of the block [S, d]
+        for (int64_t r = 0; r < s.S; ++r) {
+          std::memcpy(&blk.o[r * s.dp], g + r * s.d, s.d * sizeof(T));
+          for (int64_t x = 0; x < s.d; ++x) blk.ot[x * s.Sp + r] = g[r * s.d + x];
+        }
+        std::copy_n(lse.data_ptr<T>() + (bh * s.n + i) * s.S, s.S, lr.begin());
+        scores<T>(s, blk);
+        // dPᵀ[Kp, Sp] = V dOᵀ
+        gemm<T>(s.Kp, s.Sp, s.d, blk.v.data(), s.dp, 1, blk.ot.data(), s.Sp, blk.dst.data(), s.Sp);
+        const uint8_t* m = mk + ((s.mask_heads > 1 ? h : 0) * s.n + i) * s.Kp * s.Sp;
+        for (int64_t r = 0; r < s.Sp; r += W) {  // P = 2^(x - lse) (<= 1); dS = P (dP - rowsum(P dP)) scale
+          const vec<T> top = load<T>(&lr[r]);
+          vec<T> dot = {};
+          for (int64_t j = 0; j < s.Kp; ++j) {
+            T* p = &blk.st[j * s.Sp + r];
+            const vec<T> x = load<T>(p) - top;
+            const vec<T> e = exp2v(x < 0 ? x : vec<T>{});
+            store<T>(p, kept<T>(m + j * s.Sp + r) ? e : vec<T>{});
+            dot += load<T>(p) * load<T>(&blk.dst[j * s.Sp + r]);
+          }
+          for (int64_t j = 0; j < s.Kp; ++j) {
+            T* ds = &blk.dst[j * s.Sp + r];
+            store<T>(ds, load<T>(&blk.st[j * s.Sp + r]) * (load<T>(ds) - dot) * sc);
+          }
+        }
+        // dQ = dS K, dK = dSᵀ Q, dV = Pᵀ dO (dS(s, j) = dst[j, s], P(s, j) = st[j, s])
+        gemm<T>(s.Sp, s.dp, s.Kp, blk.dst.data(), 1, s.Sp, blk.k.data(), s.dp, blk.acc.data(), s.dp);
+        gemm<T>(s.Kp, s.dp, s.Sp, blk.dst.data(), s.Sp, 1, blk.q.data(), s.dp, blk.dk.data(), s.dp);
+        gemm<T>(s.Kp, s.dp, s.Sp, blk.st.data(), s.Sp, 1, blk.o.data(), s.dp, blk.dv.data(), s.dp);
+        add_rows<T>(dq.data_ptr<T>() + bh * Lq * s.d, s.d, qi + i * s.S, blk.acc.data(), s.dp, s.S);
+        add_rows<T>(dkg.data_ptr<T>() + bh * s.G * s.d, s.d, glob.data(), blk.dk.data(), s.dp, s.G);
+        add_rows<T>(dvg.data_ptr<T>() + bh * s.G * s.d, s.d, glob.data(), blk.dv.data(), s.dp, s.G);
+        add_rows<T>(dk.data_ptr<T>() + bh * Lk * s.d, s.d, kid, blk.dk.data() + s.G * s.dp, s.dp, s.K);
+        add_rows<T>(dv.data_ptr<T>() + bh * Lk * s.d, s.d, kid, blk.dv.data() + s.G * s.dp, s.dp, s.K);
+      }
+    }
+  });
+}
+
+void check_inputs(const std::vector<at::Tensor>& rows, const at::Tensor& q_ids, const at::Tensor& k_ids,
+                  const at::Tensor& keep) {
+  for (const auto& t : rows) {
+    TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.scalar_type() == rows[0].scalar_type(),
+                "block_attention kernel: q, k, v and the global keys/values must be [B, c, L, d] CPU tensors of one dtype");
+    TORCH_CHECK(t.stride(3) == 1 || t.size(3) <= 1, "block_attention kernel: the head dim must be contiguous");
+  }
+  TORCH_CHECK(q_ids.scalar_type() == at::kLong && k_ids.scalar_type() == at::kLong && q_ids.is_contiguous() &&
+              k_ids.is_contiguous() && k_ids.dim() == 3, "block_attention kernel: ids must be contiguous int64");
+  TORCH_CHECK(keep.scalar_type() == at::kByte && keep.is_contiguous() && keep.dim() == 4,
+              "block_attention kernel: keep must be contiguous uint8 [c or 1, n, Kp, Sp]");
+}
+
+}  // namespace
+
+// Returns out[B, c, n, S, d] (block order) and lse[B, c, n, S] (log2 units).
+std::vector<at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& kg, const at::Tensor& vg, const at::Tensor& q_ids,
+                                      const at::Tensor& k_ids, const at::Tensor& keep, double scale) {
+  check_inputs({q, k, v, kg, vg}, q_ids, k_ids, keep);
+  auto out = at::empty({q.size(0), q.size(1), q_ids.size(0), q_ids.size(1), q.size(3)}, q.options());
+  auto lse = at::empty({q.size(0), q.size(1), q_ids.size(0), q_ids.size(1)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "block_forward", [&] {
+    forward_impl<scalar_t>(q, k, v, kg, vg, q_ids, k_ids, keep, scale, out, lse);
+  });
+  return {out, lse};
+}
+
+// Returns dq, dk, dv (contiguous, shaped as q, k, v), dkg, dvg; grad is dO[B, c, n, S, d] (contiguous).
+std::vector<at::Tensor> block_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& kg, const at::Tensor& vg, const at::Tensor& q_ids,
+                                       const at::Tensor& k_ids, const at::Tensor& keep, double scale,
+                                       const at::Tensor& lse, const at::Tensor& grad) {
+  check_inputs({q, k, v, kg, vg}, q_ids, k_ids, keep);
+  TORCH_CHECK(grad.is_contiguous() && lse.is_contiguous() && grad.scalar_type() == q.scalar_type() &&
+              lse.scalar_type() == q.scalar_type(), "block_attention kernel: grad and lse must be contiguous, q's dtype");
+  auto dq = at::zeros(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options());
+  auto dv = at::zeros(v.sizes(), v.options()), dkg = at::zeros(kg.sizes(), kg.options());
+  auto dvg = at::zeros(vg.sizes(), vg.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "block_backward", [&] {
+    backward_impl<scalar_t>(q, k, v, kg, vg, q_ids, k_ids, keep, scale, lse, grad, dq, dk, dv, dkg, dvg);
+  });
+  return {dq, dk, dv, dkg, dvg};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("block_forward", &block_forward, "fused block attention forward: (out, lse)");
+  m.def("block_backward", &block_backward, "fused block attention backward: (dq, dk, dv, dkg, dvg)");
+}
