@@ -101,7 +101,14 @@ def forward(q: Tensor, k: Tensor, v: Tensor, k_glob: Tensor, v_glob: Tensor, q_i
 
 
 def backward(q: Tensor, k: Tensor, v: Tensor, k_glob: Tensor, v_glob: Tensor, q_ids: Tensor, k_ids: Tensor,
-             keep: Tensor, scale: float, lse: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
-    """Gradients of ``q, k, v, k_glob, v_glob`` from ``grad[B, c, n, S, d]`` (block order, contiguous): the
-    probabilities are recomputed from ``lse``; same other arguments as :func:`forward`."""
-    return tuple(kernel().block_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, keep, scale, lse, grad))
+             keep: Tensor, scale: float, lse: Tensor, grad: Tensor, rows: Optional[Tensor]) -> tuple[Tensor, ...]:
+    """Gradients of ``q, k, v, k_glob, v_glob``; the probabilities are recomputed from ``lse``.
+
+    Args:
+        grad: ``[B, c, L_out, d]`` output gradient (head dim contiguous, any other strides).
+        rows: ``[n·S]`` output row of each block slot (-1: none, no gradient), or None: slot i is row i.
+        others: as :func:`forward`.
+    """
+    rows = grad.new_empty(0, dtype=torch.long) if rows is None else rows
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    return tuple(kernel().block_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, keep, scale, lse, grad, rows))

@@ -220,10 +220,16 @@ def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], i
     rows.view(-1, src.numel() // index.numel()).index_add_(0, index, src.view(index.numel(), -1))
 
 
-def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
-    """For each of ``slots`` block slots: the output row it fills (0 where none) and whether it fills one."""
+def _slot_row_ids(out_ids: Tensor, slots: int) -> Tensor:
+    """For each of ``slots`` block slots: the output row it fills (-1 where none)."""
     rows = torch.full((slots,), -1, dtype=torch.long, device=out_ids.device)
     rows[out_ids] = torch.arange(out_ids.numel(), device=out_ids.device)
+    return rows
+
+
+def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
+    """For each of ``slots`` block slots: the output row it fills (0 where none) and whether it fills one."""
+    rows = _slot_row_ids(out_ids, slots)
     return rows.clamp(min=0), rows >= 0
 
 
@@ -351,16 +357,11 @@ def _kernel_forward(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v
 
 
 def _kernel_backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
-    """:class:`_BlockSDPA`'s backward through the compiled kernel: the output gradient in block order (zero
-    for slots without an output row), then the kernel's gradients."""
+    """:class:`_BlockSDPA`'s backward through the compiled kernel, which reads the output gradient's row of each
+    block slot (zero for slots without one)."""
     q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse = ctx.saved_tensors
-    (B, c, _, d), (n, S) = q.shape, q_ids.shape
-    grad = grad.to(q.dtype)
-    if out_ids is None:
-        g_o = grad.contiguous()
-    else:
-        g_o = grad.new_zeros(B, c, n * S, d).index_copy_(2, out_ids, grad)  # [B, c, n·S, d] block slots
+    rows = None if out_ids is None else _slot_row_ids(out_ids, q_ids.numel())
     args = _kernel_args(q, k, v, k_glob, v_glob, q_ids, k_ids, mask)
-    d_q, d_k, d_v, d_kg, d_vg = _block_kernel.backward(*args, ctx.scale, lse, g_o.view(B, c, n, S, d))
+    d_q, d_k, d_v, d_kg, d_vg = _block_kernel.backward(*args, ctx.scale, lse, grad.to(q.dtype), rows)
     glob = (None, None) if k_glob is None else (d_kg, d_vg)
     return d_q, d_k, d_v, *glob, None, None, None, None, None

@@ -200,14 +200,15 @@ template <typename T> void add_rows(T* dst, int64_t d, const int64_t* ids, const
 template <typename T>
 void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kg,
                    const at::Tensor& vg, const at::Tensor& q_ids, const at::Tensor& k_ids, const at::Tensor& keep,
-                   double scale, const at::Tensor& lse, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk,
-                   at::Tensor& dv, at::Tensor& dkg, at::Tensor& dvg) {
+                   double scale, const at::Tensor& lse, const at::Tensor& grad, const at::Tensor& rows, at::Tensor& dq,
+                   at::Tensor& dk, at::Tensor& dv, at::Tensor& dkg, at::Tensor& dvg) {
   constexpr int W = lanes<T>();
   const Dims s = dims_of(q, kg, q_ids, k_ids, keep);
   const int64_t *qi = q_ids.data_ptr<int64_t>(), *ki = k_ids.data_ptr<int64_t>();
   const uint8_t* mk = keep.data_ptr<uint8_t>();
   const T scale2 = static_cast<T>(scale * M_LOG2E), sc = static_cast<T>(scale);
   const int64_t Lq = dq.size(2), Lk = dk.size(2);
+  const int64_t* slot_rows = rows.numel() ? rows.data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, s.B * s.c, 1, [&](int64_t begin, int64_t end) {
     Block<T> blk(s);
     std::vector<T> lr(s.Sp);
@@ -215,14 +216,14 @@ void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     for (int64_t j = 0; j < s.G; ++j) glob[j] = j;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.c, h = bh % s.c;
+      const Rows<T> g = rows_of<T>(grad, b, h);
       for (int64_t i = 0; i < s.n; ++i) {
         const int64_t* kid = ki + ((s.id_heads > 1 ? h : 0) * s.n + i) * s.K;
         load_block<T>(s, rows_of<T>(q, b, h), rows_of<T>(k, b, h), rows_of<T>(v, b, h), rows_of<T>(kg, b, h),
                       rows_of<T>(vg, b, h), qi + i * s.S, kid, scale2, blk);
-        const T* g = grad.data_ptr<T>() + (bh * s.n + i) * s.S * s.d;  // dO of the block [S, d]
-        for (int64_t r = 0; r < s.S; ++r) {
-          std::memcpy(&blk.o[r * s.dp], g + r * s.d, s.d * sizeof(T));
-          for (int64_t x = 0; x < s.d; ++x) blk.ot[x * s.Sp + r] = g[r * s.d + x];
+        for (int64_t r = 0; r < s.S; ++r) {  // dO of the block [S, d]: output rows, or 0 for slots without one
+          const int64_t row = slot_rows ? slot_rows[i * s.S + r] : i * s.S + r;
+          for (int64_t x = 0; x < s.d; ++x) blk.o[r * s.dp + x] = blk.ot[x * s.Sp + r] = row < 0 ? T(0) : g[row][x];
         }
         std::copy_n(lse.data_ptr<T>() + (bh * s.n + i) * s.S, s.S, lr.begin());
         scores<T>(s, blk);
@@ -286,19 +287,22 @@ std::vector<at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, 
   return {out, lse};
 }
 
-// Returns dq, dk, dv (contiguous, shaped as q, k, v), dkg, dvg; grad is dO[B, c, n, S, d] (contiguous).
+// Returns dq, dk, dv (contiguous, shaped as q, k, v), dkg, dvg. grad is dO[B, c, L_out, d] (head dim contiguous);
+// rows[n * S] the output row of each block slot (-1: none, zero gradient), or empty: slot i * S + r is row i * S + r.
 std::vector<at::Tensor> block_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& kg, const at::Tensor& vg, const at::Tensor& q_ids,
                                        const at::Tensor& k_ids, const at::Tensor& keep, double scale,
-                                       const at::Tensor& lse, const at::Tensor& grad) {
-  check_inputs({q, k, v, kg, vg}, q_ids, k_ids, keep);
-  TORCH_CHECK(grad.is_contiguous() && lse.is_contiguous() && grad.scalar_type() == q.scalar_type() &&
-              lse.scalar_type() == q.scalar_type(), "block_attention kernel: grad and lse must be contiguous, q's dtype");
+                                       const at::Tensor& lse, const at::Tensor& grad, const at::Tensor& rows) {
+  check_inputs({q, k, v, kg, vg, grad}, q_ids, k_ids, keep);
+  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == q.scalar_type(), "block_attention kernel: lse must be "
+              "contiguous, in q's dtype");
+  TORCH_CHECK(rows.numel() == 0 || (rows.scalar_type() == at::kLong && rows.is_contiguous() &&
+              rows.numel() == q_ids.numel()), "block_attention kernel: rows must be empty or int64 [n * S]");
   auto dq = at::zeros(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options());
   auto dv = at::zeros(v.sizes(), v.options()), dkg = at::zeros(kg.sizes(), kg.options());
   auto dvg = at::zeros(vg.sizes(), vg.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "block_backward", [&] {
-    backward_impl<scalar_t>(q, k, v, kg, vg, q_ids, k_ids, keep, scale, lse, grad, dq, dk, dv, dkg, dvg);
+    backward_impl<scalar_t>(q, k, v, kg, vg, q_ids, k_ids, keep, scale, lse, grad, rows, dq, dk, dv, dkg, dvg);
   });
   return {dq, dk, dv, dkg, dvg};
 }
