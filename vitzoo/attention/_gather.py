@@ -4,10 +4,11 @@ Paper: Zaheer et al., "Big Bird: Transformers for Longer Sequences", NeurIPS 202
 https://arxiv.org/abs/2007.14062 (block-sparse attention over gathered key blocks).
 
 Queries come in n blocks of S tokens that share one list of keys: the G global keys every query
-sees, then the block's own K keys. :func:`block_attention` gathers them with ``index_select`` and
-runs one fused SDPA call per chunk of blocks, ``[B, c·n, S, d]`` against ``[B, c·n, G + K, d]``;
-scores ``[B, h, N, N]`` never exist. In training the gathered keys/values and the probabilities
-are recomputed in backward instead of being stored. Used by BigBird's block groups through
+sees, then the block's own K keys. On the CPU (float32/float64) :func:`block_attention` runs vitzoo's
+compiled kernel (:mod:`vitzoo.attention._block_kernel`); otherwise, and where it cannot be built, it
+gathers them with ``index_select`` and runs one fused SDPA call per chunk of blocks, ``[B, c·n, S, d]``
+against ``[B, c·n, G + K, d]``. Scores ``[B, h, N, N]`` never exist. In training the gathered
+keys/values and the probabilities are recomputed in backward instead of being stored. Used by BigBird's block groups through
 :class:`vitzoo.attention._sparse.SparsePatternAttention` and by the halo groups
 (:mod:`vitzoo.attention._halo`).
 """

@@ -20,10 +20,11 @@ attends with dense matmuls to its halo: keys that cover every key of every query
   definition. Padding halo slots are masked; padding query slots repeat a real query of their
   block (no all-masked row) and their outputs are dropped.
 
-Queries, keys and values are cut with one ``index_select`` each (flat ids per block): about
-``(hb_H·hb_W)/(b_H·b_W)`` copies of K and V instead of k². Global keys (prefix and learned
-tokens) join every block's keys in front; the blocks run through
-:func:`vitzoo.attention._gather.block_attention`, which writes the outputs in raster order.
+The blocks run through :func:`vitzoo.attention._gather.block_attention` with flat ids per block,
+which writes the outputs in raster order: on the CPU vitzoo's compiled kernel reads each block's rows
+into cache, elsewhere queries, keys and values are cut with one ``index_select`` each (about
+``(hb_H·hb_W)/(b_H·b_W)`` copies of K and V instead of k²). Global keys (prefix and learned tokens)
+join every block's keys in front.
 """
 from __future__ import annotations
 

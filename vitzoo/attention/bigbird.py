@@ -26,9 +26,11 @@ and random blocks, so the outputs are those of the per-block definition; the mas
 computed (w = 3, r = 2, t = 2: each query scores 96 keys besides the global ones, 44 of them
 seen, instead of 44 at t = 1, but the matmuls are 4× larger and K, V are gathered 6 times
 instead of 11: faster). Tiles of global blocks only are skipped; a tile's other global blocks
-are computed with it and their outputs replaced by the global rows. All heads run together as
-fused SDPA calls over chunks of tiles, ``[B, h·tiles, t²b², G + P + b²·((t + w - 1)² + t²r)]``
-(see :func:`vitzoo.attention._gather.block_attention`); never ``[B, h, N, N]``.
+are computed with it and their outputs replaced by the global rows. The tiles run through
+:func:`vitzoo.attention._gather.block_attention`: on the CPU vitzoo's compiled kernel, one task per
+(image, head) over its tiles' t²b² queries and G + P + b²·((t + w - 1)² + t²r) keys; elsewhere fused
+SDPA calls over chunks of tiles, ``[B, h·tiles, t²b², G + P + b²·((t + w - 1)² + t²r)]``; never
+``[B, h, N, N]``.
 """
 from __future__ import annotations
 
