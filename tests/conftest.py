@@ -78,7 +78,8 @@ def require_block_kernel() -> None:
     tests/test_block_kernel.py fails there instead)."""
     from vitzoo.attention import _block_kernel
     if _block_kernel.kernel() is None:
-        pytest.skip(f"the block attention kernel is not built here (no C++ compiler or ninja, or {_block_kernel.ENV}=0)")
+        pytest.skip(f"the block attention kernel is not built here (no C++ compiler or ninja, or "
+                    f"{_block_kernel.ENV}=0)")
 
 
 def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4,

@@ -88,7 +88,8 @@ def test_build_failure_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(_block_kernel, "_state", {})
     monkeypatch.setattr(_block_kernel, "_build", broken)
     q, k, v, glob, q_ids, k_ids, mask = _inputs(False, 6, 0, 8)
-    with pytest.warns(RuntimeWarning, match=r"could not be built \(RuntimeError: Ninja is required.*VITZOO_BLOCK_KERNEL=0"):
+    expected = r"could not be built \(RuntimeError: Ninja is required.*VITZOO_BLOCK_KERNEL=0"
+    with pytest.warns(RuntimeWarning, match=expected):
         first = _run(q, k, v, glob, q_ids, k_ids, mask, None)
     second = _run(q, k, v, glob, q_ids, k_ids, mask, None)  # no second build, no second warning
     assert len(calls) == 1

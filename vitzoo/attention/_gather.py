@@ -8,9 +8,9 @@ sees, then the block's own K keys. On the CPU (float32/float64) :func:`block_att
 compiled kernel (:mod:`vitzoo.attention._block_kernel`); otherwise, and where it cannot be built, it
 gathers them with ``index_select`` and runs one fused SDPA call per chunk of blocks, ``[B, c·n, S, d]``
 against ``[B, c·n, G + K, d]``. Scores ``[B, h, N, N]`` never exist. In training the gathered
-keys/values and the probabilities are recomputed in backward instead of being stored. Used by BigBird's block groups through
-:class:`vitzoo.attention._sparse.SparsePatternAttention` and by the halo groups
-(:mod:`vitzoo.attention._halo`).
+keys/values and the probabilities are recomputed in backward instead of being stored. Used by
+BigBird's block groups through :class:`vitzoo.attention._sparse.SparsePatternAttention` and by the
+halo groups (:mod:`vitzoo.attention._halo`).
 """
 from __future__ import annotations
 
@@ -63,10 +63,11 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     """Blocks of S queries, each over the global keys and its own gathered keys: fused SDPA, recomputed in backward.
 
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
-    ``k[..., k_ids[i], :]``. On the CPU in float32/float64 without dropout (not traced), vitzoo's compiled kernel
-    runs them (:mod:`vitzoo.attention._block_kernel`: one task per image and head, nothing gathered in memory,
-    backward from the saved log-sum-exp). Otherwise the blocks run in chunks of at most :data:`GATHER_ELEMS` gathered elements
-    per image, one SDPA call each. For training on the CPU without dropout or autocast, backward gathers
+    ``k[..., k_ids[i], :]``. On the CPU in float32/float64 without dropout (not traced), vitzoo's compiled
+    kernel runs them (:mod:`vitzoo.attention._block_kernel`: one task per image and head, nothing gathered in
+    memory, backward from the saved log-sum-exp). Otherwise the blocks run in chunks of at most
+    :data:`GATHER_ELEMS` gathered elements per image, one SDPA call each. For training on the CPU without
+    dropout or autocast, backward gathers
     the chunk's blocks again and recomputes their probabilities from the saved log-sum-exp (:class:`_BlockSDPA`):
     neither the gathered keys/values, the probabilities nor the output are stored. Elsewhere
     with a gradient each call is checkpointed (recomputed in backward).

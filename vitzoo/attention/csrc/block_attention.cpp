@@ -263,7 +263,8 @@ void check_inputs(const std::vector<at::Tensor>& rows, const at::Tensor& q_ids, 
                   const at::Tensor& keep) {
   for (const auto& t : rows) {
     TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.scalar_type() == rows[0].scalar_type(),
-                "block_attention kernel: q, k, v and the global keys/values must be [B, c, L, d] CPU tensors of one dtype");
+                "block_attention kernel: q, k, v and the global keys/values must be [B, c, L, d] CPU tensors of one ",
+                "dtype");
     TORCH_CHECK(t.stride(3) == 1 || t.size(3) <= 1, "block_attention kernel: the head dim must be contiguous");
   }
   TORCH_CHECK(q_ids.scalar_type() == at::kLong && k_ids.scalar_type() == at::kLong && q_ids.is_contiguous() &&
