@@ -171,7 +171,8 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           }
           for (int64_t j = 0; j < s.Kp; ++j) {
             T* p = &blk.st[j * s.Sp + r];
-            const vec<T> e = exp2v(load<T>(p) - top);
+            const vec<T> x = load<T>(p) - top;  // <= 0 where kept; clamped elsewhere (padding lanes: top = -inf)
+            const vec<T> e = exp2v(x < 0 ? x : vec<T>{});
             store<T>(p, kept<T>(m + j * s.Sp + r) ? e : vec<T>{});
             sum += load<T>(p);
           }
