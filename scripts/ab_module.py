@@ -43,13 +43,14 @@ def importer_slots(name: str, old: ModuleType) -> list[tuple[ModuleType, str, ob
     return slots
 
 
-def layer_step(attention: str, tokens: int) -> tuple[Callable[[], torch.Tensor], torch.nn.Module]:
-    """One forward + backward of one layer (C = 128, 4 heads, batch 4, a square grid): returns the input gradient."""
+def layer_step(attention: str, tokens: int, train: bool = True) -> tuple[Callable[[], torch.Tensor], torch.nn.Module]:
+    """One forward + backward of one layer (C = 128, 4 heads, batch 4, a square grid), returning the input
+    gradient; with ``train=False`` one inference forward (``torch.no_grad``, eval mode), returning the output."""
     from vitzoo.attention import MixerContext, build_attention
     side = math.isqrt(tokens)
     ctx = MixerContext(128, 4, (side, side), 0, qkv_bias=True, layer_index=0, window=8)
-    layer = build_attention(attention, ctx).train()
-    x = torch.randn(4, side * side, 128, requires_grad=True)
+    layer = build_attention(attention, ctx).train(train)
+    x = torch.randn(4, side * side, 128, requires_grad=train)
     gy = torch.randn_like(x)
 
     def step() -> torch.Tensor:
@@ -57,7 +58,11 @@ def layer_step(attention: str, tokens: int) -> tuple[Callable[[], torch.Tensor],
         layer.zero_grad(set_to_none=True)
         layer(x, (side, side)).backward(gy)
         return x.grad.clone()
-    return step, layer
+
+    @torch.no_grad()
+    def infer() -> torch.Tensor:
+        return layer(x, (side, side))
+    return (step if train else infer), layer
 
 
 def model_step(model: str, attention: str) -> tuple[Callable[[], torch.Tensor], torch.nn.Module]:

@@ -104,6 +104,15 @@ template <typename T> Rows<T> rows_of(const at::Tensor& t, int64_t b, int64_t h)
   return {t.data_ptr<T>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
 }
 
+// The rows of one (image, head): queries, keys, values and the global keys/values.
+template <typename T> struct Head {
+  Rows<T> q, k, v, kg, vg;
+  Head(const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_, const at::Tensor& kg_, const at::Tensor& vg_,
+       int64_t b, int64_t h)
+      : q(rows_of<T>(q_, b, h)), k(rows_of<T>(k_, b, h)), v(rows_of<T>(v_, b, h)), kg(rows_of<T>(kg_, b, h)),
+        vg(rows_of<T>(vg_, b, h)) {}
+};
+
 // The small per-task buffers of one block (row-major unless named transposed).
 template <typename T> struct Block {
   std::vector<T> q, qt, k, v, o, ot, st, dst, acc, dk, dv;
@@ -114,16 +123,16 @@ template <typename T> struct Block {
 
 // Copies block i's query rows (q, and qt = qᵀ times scale2) and key/value rows of one (image, head).
 template <typename T>
-void load_block(const Dims& s, Rows<T> q, Rows<T> k, Rows<T> v, Rows<T> kg, Rows<T> vg, const int64_t* q_ids,
-                const int64_t* k_ids, T scale2, Block<T>& blk) {
+void load_block(const Dims& s, const Head<T>& head, const int64_t* q_ids, const int64_t* k_ids, T scale2,
+                Block<T>& blk) {
   for (int64_t r = 0; r < s.S; ++r) {
-    const T* row = q[q_ids[r]];
+    const T* row = head.q[q_ids[r]];
     std::memcpy(&blk.q[r * s.dp], row, s.d * sizeof(T));
-    for (int64_t x = 0; x < s.d; ++x) blk.qt[x * s.Sp + r] = row[x] * scale2;
+    for (int64_t e = 0; e < s.d; ++e) blk.qt[e * s.Sp + r] = row[e] * scale2;
   }
   for (int64_t j = 0; j < s.Kn; ++j) {
-    std::memcpy(&blk.k[j * s.dp], j < s.G ? kg[j] : k[k_ids[j - s.G]], s.d * sizeof(T));
-    std::memcpy(&blk.v[j * s.dp], j < s.G ? vg[j] : v[k_ids[j - s.G]], s.d * sizeof(T));
+    std::memcpy(&blk.k[j * s.dp], j < s.G ? head.kg[j] : head.k[k_ids[j - s.G]], s.d * sizeof(T));
+    std::memcpy(&blk.v[j * s.dp], j < s.G ? head.vg[j] : head.v[k_ids[j - s.G]], s.d * sizeof(T));
   }
 }
 
@@ -153,14 +162,15 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t *qi = q_ids.data_ptr<int64_t>(), *ki = k_ids.data_ptr<int64_t>();
   const uint8_t* mk = keep.data_ptr<uint8_t>();
   const T scale2 = static_cast<T>(scale * M_LOG2E);
+  T *o_all = out.data_ptr<T>(), *l_all = lse.data_ptr<T>();
   at::parallel_for(0, s.B * s.c, 1, [&](int64_t begin, int64_t end) {
     Block<T> blk(s);
     std::vector<T> mx(s.Sp), inv(s.Sp);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.c, h = bh % s.c;
+      const Head<T> head(q, k, v, kg, vg, b, h);
       for (int64_t i = 0; i < s.n; ++i) {
-        load_block<T>(s, rows_of<T>(q, b, h), rows_of<T>(k, b, h), rows_of<T>(v, b, h), rows_of<T>(kg, b, h),
-                      rows_of<T>(vg, b, h), qi + i * s.S, ki + ((s.id_heads > 1 ? h : 0) * s.n + i) * s.K, scale2, blk);
+        load_block<T>(s, head, qi + i * s.S, ki + ((s.id_heads > 1 ? h : 0) * s.n + i) * s.K, scale2, blk);
         scores<T>(s, blk);
         const uint8_t* m = mk + ((s.mask_heads > 1 ? h : 0) * s.n + i) * s.Kp * s.Sp;  // keep[Kp, Sp]
         for (int64_t r = 0; r < s.Sp; r += W) {  // W queries at a time: max, then 2^(x - max) and the sum
@@ -181,10 +191,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
         }
         // O = P V: P(s, j) = st[j, s]
         gemm<T>(s.Sp, s.dp, s.Kp, blk.st.data(), 1, s.Sp, blk.v.data(), s.dp, blk.acc.data(), s.dp);
-        T* o = out.data_ptr<T>() + (bh * s.n + i) * s.S * s.d;
-        T* l = lse.data_ptr<T>() + (bh * s.n + i) * s.S;
+        T* o = o_all + (bh * s.n + i) * s.S * s.d;
+        T* l = l_all + (bh * s.n + i) * s.S;
         for (int64_t r = 0; r < s.S; ++r) {
-          for (int64_t x = 0; x < s.d; ++x) o[r * s.d + x] = blk.acc[r * s.dp + x] * inv[r];
+          for (int64_t e = 0; e < s.d; ++e) o[r * s.d + e] = blk.acc[r * s.dp + e] * inv[r];
           l[r] = mx[r] - std::log2(inv[r]);
         }
       }
@@ -210,6 +220,9 @@ void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const T scale2 = static_cast<T>(scale * M_LOG2E), sc = static_cast<T>(scale);
   const int64_t Lq = dq.size(2), Lk = dk.size(2);
   const int64_t* slot_rows = rows.numel() ? rows.data_ptr<int64_t>() : nullptr;
+  const T* l_all = lse.data_ptr<T>();
+  T *gq = dq.data_ptr<T>(), *gk = dk.data_ptr<T>(), *gv = dv.data_ptr<T>(), *gkg = dkg.data_ptr<T>(),
+    *gvg = dvg.data_ptr<T>();
   at::parallel_for(0, s.B * s.c, 1, [&](int64_t begin, int64_t end) {
     Block<T> blk(s);
     std::vector<T> lr(s.Sp);
@@ -217,16 +230,16 @@ void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     for (int64_t j = 0; j < s.G; ++j) glob[j] = j;
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / s.c, h = bh % s.c;
+      const Head<T> head(q, k, v, kg, vg, b, h);
       const Rows<T> g = rows_of<T>(grad, b, h);
       for (int64_t i = 0; i < s.n; ++i) {
         const int64_t* kid = ki + ((s.id_heads > 1 ? h : 0) * s.n + i) * s.K;
-        load_block<T>(s, rows_of<T>(q, b, h), rows_of<T>(k, b, h), rows_of<T>(v, b, h), rows_of<T>(kg, b, h),
-                      rows_of<T>(vg, b, h), qi + i * s.S, kid, scale2, blk);
+        load_block<T>(s, head, qi + i * s.S, kid, scale2, blk);
         for (int64_t r = 0; r < s.S; ++r) {  // dO of the block [S, d]: output rows, or 0 for slots without one
           const int64_t row = slot_rows ? slot_rows[i * s.S + r] : i * s.S + r;
-          for (int64_t x = 0; x < s.d; ++x) blk.o[r * s.dp + x] = blk.ot[x * s.Sp + r] = row < 0 ? T(0) : g[row][x];
+          for (int64_t e = 0; e < s.d; ++e) blk.o[r * s.dp + e] = blk.ot[e * s.Sp + r] = row < 0 ? T(0) : g[row][e];
         }
-        std::copy_n(lse.data_ptr<T>() + (bh * s.n + i) * s.S, s.S, lr.begin());
+        std::copy_n(l_all + (bh * s.n + i) * s.S, s.S, lr.begin());
         scores<T>(s, blk);
         // dPᵀ[Kp, Sp] = V dOᵀ
         gemm<T>(s.Kp, s.Sp, s.d, blk.v.data(), s.dp, 1, blk.ot.data(), s.Sp, blk.dst.data(), s.Sp);
@@ -250,11 +263,11 @@ void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
         gemm<T>(s.Sp, s.dp, s.Kp, blk.dst.data(), 1, s.Sp, blk.k.data(), s.dp, blk.acc.data(), s.dp);
         gemm<T>(s.Kp, s.dp, s.Sp, blk.dst.data(), s.Sp, 1, blk.q.data(), s.dp, blk.dk.data(), s.dp);
         gemm<T>(s.Kp, s.dp, s.Sp, blk.st.data(), s.Sp, 1, blk.o.data(), s.dp, blk.dv.data(), s.dp);
-        add_rows<T>(dq.data_ptr<T>() + bh * Lq * s.d, s.d, qi + i * s.S, blk.acc.data(), s.dp, s.S);
-        add_rows<T>(dkg.data_ptr<T>() + bh * s.G * s.d, s.d, glob.data(), blk.dk.data(), s.dp, s.G);
-        add_rows<T>(dvg.data_ptr<T>() + bh * s.G * s.d, s.d, glob.data(), blk.dv.data(), s.dp, s.G);
-        add_rows<T>(dk.data_ptr<T>() + bh * Lk * s.d, s.d, kid, blk.dk.data() + s.G * s.dp, s.dp, s.K);
-        add_rows<T>(dv.data_ptr<T>() + bh * Lk * s.d, s.d, kid, blk.dv.data() + s.G * s.dp, s.dp, s.K);
+        add_rows<T>(gq + bh * Lq * s.d, s.d, qi + i * s.S, blk.acc.data(), s.dp, s.S);
+        add_rows<T>(gkg + bh * s.G * s.d, s.d, glob.data(), blk.dk.data(), s.dp, s.G);
+        add_rows<T>(gvg + bh * s.G * s.d, s.d, glob.data(), blk.dv.data(), s.dp, s.G);
+        add_rows<T>(gk + bh * Lk * s.d, s.d, kid, blk.dk.data() + s.G * s.dp, s.dp, s.K);
+        add_rows<T>(gv + bh * Lk * s.d, s.d, kid, blk.dv.data() + s.G * s.dp, s.dp, s.K);
       }
     }
   });
