@@ -73,13 +73,21 @@ def token_by_token(shapes, n: int):
     return [(f, s) for f, s in shapes if sum(dim >= n // 2 for dim in s) >= 2]
 
 
-def require_block_kernel() -> None:
-    """Skip, naming why, where vitzoo's compiled block-attention kernel cannot be built (CI must build it:
-    tests/test_block_kernel.py fails there instead)."""
-    from vitzoo.attention import _block_kernel
-    if _block_kernel.kernel() is None:
-        pytest.skip(f"the block attention kernel is not built here (no C++ compiler or ninja, or "
-                    f"{_block_kernel.ENV}=0)")
+def require_cpu_kernel(stem: str) -> None:
+    """Skip, naming why, where vitzoo's compiled CPU kernel ``csrc/<stem>.cpp`` cannot be built (CI must build
+    it: tests/test_cpu_kernels.py fails there instead)."""
+    from vitzoo.attention import _cpp
+    if _cpp.extension(stem) is None:
+        pytest.skip(f"the {stem} kernel is not built here (no C++ compiler or ninja, or {_cpp.ENV}=0)")
+
+
+def use_cpu_kernel(stem: str, kernel: bool, monkeypatch) -> None:
+    """Run the compiled kernel ``stem`` (skipped where it cannot be built) or, ``kernel`` False, the PyTorch path."""
+    from vitzoo.attention import _cpp
+    if kernel:
+        require_cpu_kernel(stem)
+    else:
+        monkeypatch.setenv(_cpp.ENV, "0")
 
 
 def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4,

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import require_block_kernel
+from conftest import require_cpu_kernel
 from vitzoo.attention import list_attention
 from vitzoo.bench import (NOT_INSTALLED, BenchOptions, Timing, goal_rows, package_version, run_benchmark, run_job,
                           time_fns)
@@ -448,14 +448,15 @@ def test_ab_module_swaps_a_revision_of_a_module_into_its_importers():
     assert bad.returncode != 0 and "pass --rev a revision of this repository and --module" in bad.stderr
 
 
-def test_ab_block_kernel_times_the_kernel_against_the_torch_path():
-    """scripts/ab_block_kernel.py alternates the compiled kernel and the PyTorch path on one layer (tiny size) and
+def test_ab_cpu_kernel_times_the_kernels_against_the_torch_path():
+    """scripts/ab_cpu_kernel.py alternates the compiled kernels and the PyTorch path on one layer (tiny size) and
     prints their difference and ratio for training and inference."""
-    require_block_kernel()
-    cmd = [sys.executable, str(ROOT / "scripts" / "ab_block_kernel.py"), "--attention", "local,bigbird", "--tokens",
+    for stem in ("block_attention", "feature_attention"):
+        require_cpu_kernel(stem)
+    cmd = [sys.executable, str(ROOT / "scripts" / "ab_cpu_kernel.py"), "--attention", "local,performer", "--tokens",
            "64", "--blocks", "2", "--steps", "1"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if "kernel faster by" in ln]
-    assert [ln.split(",")[0] for ln in lines] == ["local train", "local infer", "bigbird train", "bigbird infer"]
+    assert [ln.split(",")[0] for ln in lines] == ["local train", "local infer", "performer train", "performer infer"]
     assert all(float(ln.rsplit(" ", 1)[1]) < 1e-4 for ln in lines)  # max |kernel - torch|

@@ -1,27 +1,18 @@
 """vitzoo's compiled block-attention kernel (vitzoo/attention/csrc/block_attention.cpp) against the PyTorch path
-of :func:`vitzoo.attention._gather.block_attention`, and its fallback.
+of :func:`vitzoo.attention._gather.block_attention`.
 
 The dense masked references of every sparse backend run through the kernel in tests/test_attention.py and
 tests/test_sparse_patterns.py; here the kernel and the PyTorch path (no shared code past the arguments) get
 the same odd shapes: head dims and key counts that are not multiples of a vector, one mask row per block,
-per-head key ids, global keys, output rows that drop slots.
+per-head key ids, global keys, output rows that drop slots. The build and its fallback: tests/test_cpu_kernels.py.
 """
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
-from conftest import require_block_kernel
-from vitzoo.attention import _block_kernel, _gather
-
-
-def test_ci_builds_the_kernel():
-    """Where CI runs, the kernel must build (elsewhere a machine without a compiler falls back)."""
-    if not os.environ.get("CI"):
-        pytest.skip("only asserted in CI (CI=true); elsewhere the kernel may be unavailable")
-    assert _block_kernel.kernel() is not None, f"set {_block_kernel.ENV}=0 only where no C++ compiler exists"
+from conftest import require_cpu_kernel
+from vitzoo.attention import _block_kernel, _cpp, _gather
 
 
 def test_keep_layout_is_transposed_broadcast_and_padded():
@@ -58,11 +49,11 @@ def _run(q, k, v, glob, q_ids, k_ids, mask, out_ids):
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("rows,G,d,drop", [(6, 0, 12, False), (1, 3, 32, True), (6, 2, 5, True)])
 def test_kernel_matches_torch_path(per_head, rows, G, d, drop, monkeypatch):
-    require_block_kernel()
+    require_cpu_kernel("block_attention")
     q, k, v, glob, q_ids, k_ids, mask = _inputs(per_head, rows, G, d)
     out_ids = torch.randperm(q_ids.numel())[:q_ids.numel() - 4] if drop else None  # 4 slots get no row
     fast = _run(q, k, v, glob, q_ids, k_ids, mask, out_ids)
-    monkeypatch.setenv(_block_kernel.ENV, "0")
+    monkeypatch.setenv(_cpp.ENV, "0")
     slow = _run(q, k, v, glob, q_ids, k_ids, mask, out_ids)
     for a, b in zip(fast, slow, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -70,28 +61,10 @@ def test_kernel_matches_torch_path(per_head, rows, G, d, drop, monkeypatch):
 
 def test_kernel_float32_close_to_float64():
     """float32 runs the vectorised exp2 (a polynomial): within float32 rounding of the float64 result."""
-    require_block_kernel()
+    require_cpu_kernel("block_attention")
     q, k, v, glob, q_ids, k_ids, mask = _inputs(True, 6, 2, 32)
     exact = _run(q, k, v, glob, q_ids, k_ids, mask, None)
     single = [t.detach().float().requires_grad_() if t is not None else None for t in (q, k, v, *glob)]
     approx = _run(*single[:3], single[3:], q_ids, k_ids, mask, None)
     for a, b in zip(approx, exact, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
-
-
-def test_build_failure_warns_once_and_falls_back(monkeypatch):
-    calls = []
-
-    def broken():
-        calls.append(1)
-        raise RuntimeError("Ninja is required to load C++ extensions")
-    monkeypatch.setattr(_block_kernel, "_state", {})
-    monkeypatch.setattr(_block_kernel, "_build", broken)
-    q, k, v, glob, q_ids, k_ids, mask = _inputs(False, 6, 0, 8)
-    expected = r"could not be built \(RuntimeError: Ninja is required.*VITZOO_BLOCK_KERNEL=0"
-    with pytest.warns(RuntimeWarning, match=expected):
-        first = _run(q, k, v, glob, q_ids, k_ids, mask, None)
-    second = _run(q, k, v, glob, q_ids, k_ids, mask, None)  # no second build, no second warning
-    assert len(calls) == 1
-    for a, b in zip(first, second, strict=True):
-        torch.testing.assert_close(a, b)

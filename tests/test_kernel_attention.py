@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import Host, attention_yaml, backends, make_attention
+from conftest import Host, attention_yaml, backends, make_attention, use_cpu_kernel
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention
 from vitzoo.attention._kernel import RandomFeatureAttention, redraw_random_features
@@ -191,9 +191,11 @@ def _core_inputs(kind: str, tokens: int):
 @pytest.mark.parametrize("chunk", [1 << 20, 40, 12], ids=["one_chunk", "chunks", "token_blocks"])
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
 def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
-    """Hand-written backward of KernelAttention against finite differences (float64, several chunks)."""
+    """Hand-written backward of KernelAttention's PyTorch path against finite differences (float64, several
+    chunks; the compiled "exp" kernel: tests/test_feature_kernel.py)."""
     from vitzoo.attention import _kernel_core
 
+    use_cpu_kernel("feature_attention", False, monkeypatch)
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
     qkv, omega, scale, eps, factor = _core_inputs(kind, 5)
     h = CORE_HEADS
@@ -204,12 +206,14 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-@pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
-def test_kernel_core_backward_from_its_output_matches_recompute(kind, monkeypatch):
+@pytest.mark.parametrize("kind,kernel", [("exp", True), ("exp", False), ("fourier", False), ("elu", False)])
+def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, monkeypatch):
     """Backward takes g·out from the returned output and releases it; a second backward of the retained graph
-    recomputes φ(Q)[kv | z] instead and gives the same gradients; an output changed in place is not used."""
+    recomputes φ(Q)[kv | z] instead and gives the same gradients; an output changed in place is not used (the
+    PyTorch path, and the compiled "exp" kernel)."""
     from vitzoo.attention import _kernel_core
 
+    use_cpu_kernel("feature_attention", kernel, monkeypatch)
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 12)  # several (image, head) chunks and token blocks
     qkv, omega, scale, eps, factor = _core_inputs(kind, 7)
     inputs = [t for t in (qkv, scale) if t is not None]

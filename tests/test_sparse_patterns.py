@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, require_block_kernel, token_by_token
+from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token, use_cpu_kernel
 from vitzoo import create_model
-from vitzoo.attention import ConfigError, MixerContext, _block_kernel, _gather, build_attention
+from vitzoo.attention import ConfigError, MixerContext, _gather, build_attention
 from vitzoo.attention._neighbourhood import axis_index, fit_dilation, neighbourhood_index
 from vitzoo.attention._sparse import SparsePatternAttention
 from vitzoo.flops import evaluate_formula, flop_analysis
@@ -204,10 +204,7 @@ def test_gradients_match_reference(name, grid, prefix, path, monkeypatch):
     """Backward recomputes the gathered blocks (vitzoo's compiled kernel; without it the CPU flash kernel
     with our backward, or checkpointed SDPA as on GPU or with dropout; in one call or one block per call):
     its gradients for the input and every parameter are those of the dense masked reference."""
-    if path == "kernel":
-        require_block_kernel()
-    else:
-        monkeypatch.setenv(_block_kernel.ENV, "0")
+    use_cpu_kernel("block_attention", path == "kernel", monkeypatch)
     if path == "chunked":
         monkeypatch.setattr(_gather, "GATHER_ELEMS", 1)  # one block per fused call
     if path == "checkpoint":
@@ -231,10 +228,7 @@ def test_block_attention_gradcheck(per_head, kernel, monkeypatch):
     """The block Function (vitzoo's compiled kernel, or the CPU flash kernel with two blocks per call) in float64:
     global keys joined per chunk, output rows picked by ``out_ids`` (one slot dropped), shared or per-head key
     ids, q/k/v as strided views of one fused projection output."""
-    if kernel:
-        require_block_kernel()
-    else:
-        monkeypatch.setenv(_block_kernel.ENV, "0")
+    use_cpu_kernel("block_attention", kernel, monkeypatch)
     monkeypatch.setattr(_gather, "GATHER_ELEMS", 2 * 2 * 3 * 4)  # 2 blocks of 3 keys for 2 heads of d = 4
     torch.manual_seed(0)
     qkv = torch.randn(2, 7, 3, 2, 4, dtype=torch.float64, requires_grad=True)  # [B, L, 3, c, d]

@@ -9,73 +9,30 @@ rows. Against the PyTorch path (gathered chunks, one SDPA call or five ``bmm`` p
 saves the gathered copies, the per-chunk Python and the scatter of strided gradients; it stores what that path
 stores (its inputs and the log-sum-exp).
 
-The kernel is built with ``torch.utils.cpp_extension`` (ninja and a C++ compiler) on first use, cached under
-``~/.cache/torch_extensions`` per CPU, and used for float32/float64 CPU tensors. Where it cannot be built, a
-warning names the reason once and the PyTorch path runs; ``VITZOO_BLOCK_KERNEL=0`` skips it.
+Built on first use and optional (:mod:`vitzoo.attention._cpp`): float32/float64 CPU tensors; where it cannot be
+built the PyTorch path runs.
 """
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import shutil
-import warnings
-from pathlib import Path
-from types import ModuleType
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils import _python_dispatch
 
-SOURCE = Path(__file__).parent / "csrc" / "block_attention.cpp"
-ENV = "VITZOO_BLOCK_KERNEL"  # "0": never build or use the kernel
-DTYPES = (torch.float32, torch.float64)
-_state: dict[str, Optional[ModuleType]] = {}
+from vitzoo.attention import _cpp
+
+STEM = "block_attention"  # csrc/block_attention.cpp
 
 
-def _cpu_tag() -> str:
-    """A short hash of the CPU's model and flags: the build uses ``-march=native``, so one build per CPU."""
-    info = ""
-    if os.path.exists("/proc/cpuinfo"):
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        info = "\n".join(sorted({ln for ln in lines if ln.startswith(("flags", "model name"))}))
-    return hashlib.sha1(f"{platform.machine()}\n{info}".encode()).hexdigest()[:10]
-
-
-def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load
-    if shutil.which("ninja") is None:  # the ninja wheel's binary, when its environment is not activated
-        import ninja
-        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-    flags = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs the (image, head) tasks
-    return load(f"vitzoo_block_attention_{_cpu_tag()}", [str(SOURCE)], extra_cflags=flags,
-                extra_ldflags=["-fopenmp"], verbose=False)
-
-
-def kernel() -> Optional[ModuleType]:
-    """The built extension, or None (disabled by ``VITZOO_BLOCK_KERNEL=0``, or the build failed: warned once)."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    if "ext" not in _state:
-        try:
-            _state["ext"] = _build()
-        except Exception as err:  # no compiler, no ninja, a read-only cache: the PyTorch path still works
-            _state["ext"] = None
-            warnings.warn(f"vitzoo's block attention kernel could not be built ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); using the slower PyTorch path. "
-                          f"Set {ENV}=0 to skip the build.", RuntimeWarning, stacklevel=2)
-    return _state["ext"]
+def kernel():
+    """The built extension, or None (see :func:`vitzoo.attention._cpp.extension`)."""
+    return _cpp.extension(STEM)
 
 
 def usable(*tensors: Optional[Tensor]) -> bool:
-    """Whether the kernel runs these tensors: float32/float64 on the CPU, no dispatch mode watching the aten ops
-    (``FlopCounterMode`` and shape recorders see the PyTorch path's ops; the kernel is one opaque call), and it
-    could be built."""
-    real = [t for t in tensors if t is not None]
-    return (all(t.device.type == "cpu" and t.dtype in DTYPES for t in real)
-            and _python_dispatch._get_current_dispatch_mode() is None and kernel() is not None)
+    """Whether the kernel runs these tensors (:func:`vitzoo.attention._cpp.usable`)."""
+    return _cpp.usable(STEM, *tensors)
 
 
 def keep_layout(mask: Tensor, queries: int) -> Tensor:

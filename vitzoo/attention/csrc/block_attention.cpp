@@ -23,71 +23,21 @@
 #include <type_traits>
 #include <vector>
 
-namespace {
+#include "simd.h"
 
-template <typename T> struct VecOf { typedef T type __attribute__((vector_size(32))); };
-template <typename T> using vec = typename VecOf<T>::type;  // one AVX register of T (GCC/Clang vector extension)
-template <typename T> constexpr int lanes() { return 32 / sizeof(T); }
+namespace {
+using namespace vitzoo;
+
 template <typename T> struct LaneMask {
   typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> type __attribute__((vector_size(32)));
 };
 template <typename T> struct ByteLanes { typedef uint8_t type __attribute__((vector_size(32 / sizeof(T)))); };
-
-template <typename T> inline vec<T> load(const T* p) { vec<T> v; std::memcpy(&v, p, sizeof(v)); return v; }
-template <typename T> inline void store(T* p, vec<T> v) { std::memcpy(p, &v, sizeof(v)); }
-template <typename T> inline vec<T> splat(T x) { return vec<T>{} + x; }
 
 // W bytes of a keep row as a lane mask (all ones where kept).
 template <typename T> inline typename LaneMask<T>::type kept(const uint8_t* m) {
   typename ByteLanes<T>::type b;
   std::memcpy(&b, m, sizeof(b));
   return __builtin_convertvector(b, typename LaneMask<T>::type) != 0;
-}
-
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// C[M, N] = A(m, j) B[j, N] summed over j < R, with A(m, j) = A[m * sam + j * saj] (any layout: it is
-// broadcast) and B, C row-major. 4 rows x 2 vectors of accumulators; M % 4 == 0, N % (2W) == 0.
-template <typename T>
-void gemm(int64_t M, int64_t N, int64_t R, const T* A, int64_t sam, int64_t saj, const T* B, int64_t ldb, T* C,
-          int64_t ldc) {
-  constexpr int W = lanes<T>();
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    for (int64_t n0 = 0; n0 < N; n0 += 2 * W) {
-      vec<T> c[4][2] = {};
-      const T* a = A + m0 * sam;
-      for (int64_t j = 0; j < R; ++j) {
-        const vec<T> b0 = load<T>(B + j * ldb + n0), b1 = load<T>(B + j * ldb + n0 + W);
-        for (int r = 0; r < 4; ++r) {
-          const vec<T> x = splat<T>(a[r * sam + j * saj]);
-          c[r][0] += x * b0;
-          c[r][1] += x * b1;
-        }
-      }
-      for (int r = 0; r < 4; ++r) {
-        store<T>(C + (m0 + r) * ldc + n0, c[r][0]);
-        store<T>(C + (m0 + r) * ldc + n0 + W, c[r][1]);
-      }
-    }
-  }
-}
-
-// 2^x for x <= 0. float: a degree-6 polynomial after rounding to an integer power (relative error < 2e-7,
-// flushed to 2^-126 below it); double: std::exp2.
-inline vec<float> exp2v(vec<float> x) {
-  typedef int32_t ivec __attribute__((vector_size(32)));
-  x = x < -126.0f ? splat<float>(-126.0f) : x;
-  const ivec k = __builtin_convertvector(x - 0.5f, ivec);  // toward zero: the nearest integer, |f| <= 0.5
-  const vec<float> f = (x - __builtin_convertvector(k, vec<float>)) * 0.69314718056f;  // 2^f = e^(f ln 2)
-  const vec<float> p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f / 720)))));
-  const ivec bits = (k + 127) << 23;  // 2^k as a float
-  vec<float> two_k;
-  std::memcpy(&two_k, &bits, sizeof(two_k));
-  return p * two_k;
-}
-inline vec<double> exp2v(vec<double> x) {
-  for (int i = 0; i < 4; ++i) x[i] = std::exp2(x[i]);
-  return x;
 }
 
 struct Dims {

@@ -1,12 +1,13 @@
-"""A/B timing of vitzoo's compiled block-attention kernel against the PyTorch path, in one process.
+"""A/B timing of vitzoo's compiled CPU kernels against the PyTorch path, in one process.
 
 Alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) of one attention layer as
-``scripts/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernel switched by
-``VITZOO_BLOCK_KERNEL`` between blocks; training steps (forward + backward) or inference (``torch.no_grad``).
+``scripts/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernels
+(:mod:`vitzoo.attention._cpp`: block attention for the fixed patterns, FAVOR+ features for performer) switched
+by ``VITZOO_CPU_KERNELS`` between blocks; training steps (forward + backward) or inference (``torch.no_grad``).
 Prints the largest difference of the input gradient (train) or output (infer) and the per-block ratios
 (PyTorch path time / kernel time).
 
-    python scripts/ab_block_kernel.py --attention bigbird,local --tokens 4096 --mode train infer
+    python scripts/ab_cpu_kernel.py --attention bigbird,local,performer --tokens 4096 --mode train infer
 """
 from __future__ import annotations
 
@@ -17,30 +18,32 @@ from typing import Callable
 import torch
 
 from ab_module import layer_step  # scripts/ is the script's import path
-from vitzoo.attention import _block_kernel
+from vitzoo.attention import _cpp
 from vitzoo.bench.memory import _malloc_live
 from vitzoo.bench.timing import time_fns
 
 
 def switched(step: Callable[[], torch.Tensor], kernel: bool) -> Callable[[], torch.Tensor]:
-    """``step`` with the kernel on or off (the environment variable is read at every call)."""
+    """``step`` with the kernels on or off (the environment variable is read at every call)."""
     def call() -> torch.Tensor:
-        os.environ[_block_kernel.ENV] = "1" if kernel else "0"
+        os.environ[_cpp.ENV] = "1" if kernel else "0"
         return step()
     return call
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attention", default="bigbird,local", help="comma-separated fixed-pattern backends")
+    parser.add_argument("--attention", default="bigbird,local,performer",
+                        help="comma-separated backends with a compiled kernel (fixed patterns, performer)")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per image (a square grid)")
     parser.add_argument("--mode", nargs="+", default=["train", "infer"], choices=["train", "infer"])
     parser.add_argument("--blocks", type=int, default=6, help="timed blocks per side (alternating)")
     parser.add_argument("--steps", type=int, default=3, help="calls per block")
     args = parser.parse_args()
-    if _block_kernel.kernel() is None:
-        raise SystemExit(f"the block attention kernel is not available here (a C++ compiler and ninja are needed; "
-                         f"{_block_kernel.ENV} must not be 0)")
+    missing = [stem for stem in ("block_attention", "feature_attention") if _cpp.extension(stem) is None]
+    if missing:
+        raise SystemExit(f"the {', '.join(missing)} kernel is not available here (a C++ compiler and ninja are "
+                         f"needed; {_cpp.ENV} must not be 0)")
     _malloc_live(False)  # the benchmark's steady thresholds: freed tensors stay in the heap
     for name in args.attention.split(","):
         for mode in args.mode:
