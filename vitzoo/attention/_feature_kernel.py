@@ -51,17 +51,18 @@ def forward(qkv: Tensor, heads: int, omega: Tensor, eps: Optional[float]) -> tup
 
 
 def backward(qkv: Tensor, heads: int, omega: Tensor, eps: Optional[float], saved: tuple[Tensor, ...], grad: Tensor,
-             out: Optional[Tensor]) -> Tensor:
+             dots: Optional[Tensor]) -> Tensor:
     """``∂L/∂qkv`` ``[B, N, 3C]``; the features are recomputed from the saved shifts.
 
     Args:
         saved: ``(kvz, shift_q, shift_k, den)`` from :func:`forward` (or the PyTorch path's forward).
         grad: ``∂L/∂out`` ``[B, N, C]``.
-        out: the output forward returned (for ``g·out``), or None: ``φ(Q)(φ(K)ᵀV)`` is recomputed instead.
+        dots: ``g·out`` ``[B, h, N, 1]`` from the output forward returned, or None: ``φ(Q)(φ(K)ᵀV)`` is
+            recomputed for it.
         others: as :func:`forward`.
     """
     ext = _cpp.extension(STEM)
     saved = [t.contiguous() for t in saved]
-    out = qkv.new_empty(0) if out is None else out.contiguous()
+    dots = qkv.new_empty(0) if dots is None else dots.to(qkv.dtype).contiguous()
     return ext.exp_backward(qkv.contiguous(), omega.to(qkv.dtype).contiguous(), heads, _eps(eps), *saved,
-                            grad.to(qkv.dtype).contiguous(), out)
+                            grad.to(qkv.dtype).contiguous(), dots)

@@ -153,22 +153,17 @@ def _normalise_backward(g_o: Tensor, dot: Tensor, den_raw: Tensor, eps: Optional
     return grad_qkvz, (-(dot + grad_den * den_raw) if with_half else None)  # Σ ∂L/∂(φ(Q)kv)·φ(Q)kv = g·out
 
 
-def _saved_output(ctx) -> Optional[Tensor]:
-    """:class:`KernelAttention`'s output ``ctx.out`` ``[B, N, C]``, which this releases, for ``g·out`` per query and head.
+def _output_dots(ctx, grad: Tensor, heads: int) -> Optional[Tensor]:
+    """``[B, h, N, 1]``: ``g·out`` per query and head from :class:`KernelAttention`'s output ``ctx.out``, which this releases.
 
     Backward then needs no ``φ(Q)[kv | z]`` (an ``N·m·(d+1)`` product per head). The output projection saves
     the same output for its weight gradient and frees it when its backward has run, before this one; held
     here through the whole backward it would be extra memory at the live peak, so it is released after
-    its one use. None (recompute ``φ(Q)[kv | z]``): no output kept (a low-precision one, or a second backward
-    of a retained graph) or the output was changed in place.
+    this pass (a temporary of one image at a time). None (recompute ``φ(Q)[kv | z]``): no output kept
+    (a low-precision one, or a second backward of a retained graph) or the output was changed in place.
     """
     out, ctx.out = ctx.out, None
-    return None if out is None or out._version != ctx.out_version else out
-
-
-def _output_dots(out: Optional[Tensor], grad: Tensor, heads: int) -> Optional[Tensor]:
-    """``[B, h, N, 1]``: ``g·out`` per query and head (a temporary of one image at a time), or None without ``out``."""
-    if out is None:
+    if out is None or out._version != ctx.out_version:
         return None
     B, N, C = out.shape
     dots = out.new_empty(B, N, heads)
@@ -226,7 +221,7 @@ class KernelAttention(torch.autograd.Function):
         ctx.kind, ctx.heads, ctx.eps, ctx.factor = kind, heads, eps, factor
         ctx.save_for_backward(qkv, omega, scale, kvz, shift_q, shift_k, den)
         # the output as computed (accumulation dtype only), held outside autograd's saved tensors so that
-        # backward can release it after one pass (see _saved_output); its version detects in-place changes
+        # backward can release it after one pass (see _output_dots); its version detects in-place changes
         keep = ctx.needs_input_grad[1] and out.dtype == kvz.dtype and not out.is_inference()
         ctx.out, ctx.out_version = (out.detach(), out._version) if keep else (None, None)
         return out
@@ -235,13 +230,12 @@ class KernelAttention(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         qkv, omega, scale, kvz, shift_q, shift_k, den = ctx.saved_tensors
         kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
+        dots = _output_dots(ctx, grad, heads)  # [B, h, N, 1] g·out, or None: φ(Q)[kv | z] recomputed
         if not tracing() and _feature_kernel.usable(qkv, omega, kind, factor):  # compiled; either forward's results
-            grad_qkv = _feature_kernel.backward(qkv, heads, omega, eps, (kvz, shift_q, shift_k, den), grad,
-                                                _saved_output(ctx))
+            grad_qkv = _feature_kernel.backward(qkv, heads, omega, eps, (kvz, shift_q, shift_k, den), grad, dots)
             return None, grad_qkv, None, None, None, None, None
         B, N, C3 = qkv.shape
         d, acc = C3 // 3 // heads, kvz.dtype
-        dots = _output_dots(_saved_output(ctx), grad, heads)  # [B, h, N, 1] g·out, or None: φ(Q)[kv | z] recomputed
         omega = None if omega is None else omega.to(acc)
         grad_qkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)
         grad_scale = None if scale is None else torch.zeros(scale.shape, dtype=acc, device=qkv.device)

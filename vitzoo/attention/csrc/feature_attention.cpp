@@ -225,7 +225,7 @@ void feature_grads(const Dims& s, const Features<T>& f, Work<T>& w, int64_t n, c
 
 // ∂L/∂q of one (image, head); adds the queries' share to ∂L/∂(φ(K)ᵀV) (w.gkv) and ∂L/∂(φ(K)ᵀ1) (w.gz).
 template <typename T>
-void query_grads(const Dims& s, const Features<T>& f, const T* qkv, const T* grad, const T* out, const T* shift,
+void query_grads(const Dims& s, const Features<T>& f, const T* qkv, const T* grad, const T* dots, const T* shift,
                  const T* den, T floor, int64_t b, int64_t hd, T* gqkv, Work<T>& w) {
   for (int64_t t0 = 0; t0 < s.N; t0 += TOK) {
     const int64_t n = std::min(TOK, s.N - t0);
@@ -233,14 +233,11 @@ void query_grads(const Dims& s, const Features<T>& f, const T* qkv, const T* gra
     project<T>(s, f, w, n);
     exp_rows<T>(s, w.phi.data(), n, shift + t0);
     load_rows<T>(s, grad, 1, 0, b, hd, t0, n, w.g.data());
-    if (out) {  // g·out from the output forward returned
-      load_rows<T>(s, out, 1, 0, b, hd, t0, n, w.acc.data());
-    } else {  // from φ(Q)(φ(K)ᵀV) recomputed, divided by the normaliser below
+    if (!dots)  // g·out from φ(Q)(φ(K)ᵀV) recomputed, divided by the normaliser below
       gemm<T>(n, s.dp, s.mp, w.phi.data(), s.mp, 1, w.kv.data(), s.dp, w.acc.data(), s.dp);
-    }
     for (int64_t t = 0; t < n; ++t) {
       const T raw = den[t0 + t], dn = std::max(raw, floor);
-      const T g_out = dot<T>(&w.g[t * s.dp], &w.acc[t * s.dp], s.dp) / (out ? T(1) : dn);  // g·out
+      const T g_out = dots ? dots[t0 + t] : dot<T>(&w.g[t * s.dp], &w.acc[t * s.dp], s.dp) / dn;  // g·out
       const T g_den = raw >= floor ? -g_out / dn : T(0);  // ∂L/∂(φ(q)ᵀz): the floor passes no gradient
       w.aux[t] = g_den;
       w.half[t] = f.c * f.c * -(g_out + g_den * raw);  // c²·∂L/∂(‖x̃‖²/2)
@@ -279,12 +276,12 @@ void key_grads(const Dims& s, const Features<T>& f, const T* qkv, const T* shift
 template <typename T>
 void backward_impl(const at::Tensor& qkv, const at::Tensor& omega, int64_t heads, double eps, const at::Tensor& kvz,
                    const at::Tensor& shift_q, const at::Tensor& shift_k, const at::Tensor& den, const at::Tensor& grad,
-                   const at::Tensor& out, at::Tensor& grad_qkv) {
+                   const at::Tensor& dots, at::Tensor& grad_qkv) {
   const Dims s = dims_of(qkv, omega, heads);
   const Features<T> f(omega, s);
   const T floor = static_cast<T>(eps);
   const T *x_all = qkv.data_ptr<T>(), *kvz_all = kvz.data_ptr<T>(), *g_all = grad.data_ptr<T>(),
-          *o_all = out.numel() ? out.data_ptr<T>() : nullptr, *sq_all = shift_q.data_ptr<T>(),
+          *d_all = dots.numel() ? dots.data_ptr<T>() : nullptr, *sq_all = shift_q.data_ptr<T>(),
           *sk_all = shift_k.data_ptr<T>(), *den_all = den.data_ptr<T>();
   T* gx_all = grad_qkv.data_ptr<T>();
   at::parallel_for(0, s.B * s.h, 1, [&](int64_t begin, int64_t end) {
@@ -299,7 +296,7 @@ void backward_impl(const at::Tensor& qkv, const at::Tensor& omega, int64_t heads
       transpose<T>(s, w.kv.data(), w.kvt.data());
       std::fill(w.gkv.begin(), w.gkv.end(), T(0));
       std::fill(w.gz.begin(), w.gz.end(), T(0));
-      query_grads<T>(s, f, x_all, g_all, o_all, sq_all + bh * s.N, den_all + bh * s.N, floor, b, hd, gx_all, w);
+      query_grads<T>(s, f, x_all, g_all, d_all ? d_all + bh * s.N : nullptr, sq_all + bh * s.N, den_all + bh * s.N, floor, b, hd, gx_all, w);
       transpose<T>(s, w.gkv.data(), w.gkvt.data());
       key_grads<T>(s, f, x_all, sk_all + bh * s.N, b, hd, gx_all, w);
     }
@@ -336,17 +333,17 @@ std::vector<at::Tensor> exp_forward(const at::Tensor& qkv, const at::Tensor& ome
   return {out, kvz, shift_q, shift_k, den};
 }
 
-// Returns ∂L/∂qkv [B, N, 3 h d] from grad = ∂L/∂out [B, N, h d] and what exp_forward returned; out may be empty
-// (then φ(Q)(φ(K)ᵀV) is recomputed for g·out).
+// Returns ∂L/∂qkv [B, N, 3 h d] from grad = ∂L/∂out [B, N, h d] and what exp_forward returned; dots = g·out
+// [B, h, N, 1] from the output forward returned, or empty (then φ(Q)(φ(K)ᵀV) is recomputed for it).
 at::Tensor exp_backward(const at::Tensor& qkv, const at::Tensor& omega, int64_t heads, double eps,
                         const at::Tensor& kvz, const at::Tensor& shift_q, const at::Tensor& shift_k,
-                        const at::Tensor& den, const at::Tensor& grad, const at::Tensor& out) {
+                        const at::Tensor& den, const at::Tensor& grad, const at::Tensor& dots) {
   check(qkv, omega, heads);
   for (const auto& t : {kvz, shift_q, shift_k, den, grad}) check_state(t, qkv);
-  if (out.numel()) check_state(out, qkv);
+  if (dots.numel()) check_state(dots, qkv);
   auto grad_qkv = at::empty(qkv.sizes(), qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "exp_backward", [&] {
-    backward_impl<scalar_t>(qkv, omega, heads, eps, kvz, shift_q, shift_k, den, grad, out, grad_qkv);
+    backward_impl<scalar_t>(qkv, omega, heads, eps, kvz, shift_q, shift_k, den, grad, dots, grad_qkv);
   });
   return grad_qkv;
 }
