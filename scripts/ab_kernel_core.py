@@ -4,7 +4,9 @@
 One (image, head)-chunked forward + backward of ``kernel_attention_qkv`` on ``qkv[B, N, 3C]`` (C = 128,
 4 heads, batch 4 by default), as the layer benchmark runs it, with the benchmark's steady malloc
 thresholds. Prints both versions' largest output/gradient difference and the median time of each,
-and the ratio per block pair (the machine's drift cancels in a ratio measured this way).
+and the ratio per block pair (the machine's drift cancels in a ratio measured this way). Where the compiled
+kernel is built, both sides run it for ``exp`` and ``fourier``: set ``VITZOO_CPU_KERNELS=0`` to time the PyTorch
+paths (``scripts/ab_cpu_kernel.py`` times the kernel against the PyTorch path).
 
     python scripts/ab_kernel_core.py --kind exp --tokens 4096 --rev HEAD~1
 """

@@ -192,7 +192,7 @@ def _core_inputs(kind: str, tokens: int):
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
 def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     """Hand-written backward of KernelAttention's PyTorch path against finite differences (float64, several
-    chunks; the compiled "exp" kernel: tests/test_feature_kernel.py)."""
+    chunks; the compiled kernel: tests/test_feature_kernel.py)."""
     from vitzoo.attention import _kernel_core
 
     use_cpu_kernel("feature_attention", False, monkeypatch)
@@ -206,11 +206,12 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-@pytest.mark.parametrize("kind,kernel", [("exp", True), ("exp", False), ("fourier", False), ("elu", False)])
+@pytest.mark.parametrize("kind,kernel", [("exp", True), ("exp", False), ("fourier", True), ("fourier", False),
+                                         ("elu", False)])
 def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, monkeypatch):
     """Backward takes g·out from the returned output and releases it; a second backward of the retained graph
     recomputes φ(Q)[kv | z] instead and gives the same gradients; an output changed in place is not used (the
-    PyTorch path, and the compiled "exp" kernel)."""
+    PyTorch path, and the compiled "exp" and "fourier" kernel)."""
     from vitzoo.attention import _kernel_core
 
     use_cpu_kernel("feature_attention", kernel, monkeypatch)

@@ -97,4 +97,25 @@ inline vec<double> exp2v(vec<double> x) {
   return x;
 }
 
+// sin x and cos x. float: x = kπ/2 + r with |r| <= π/4 (π/2 in three parts, exact products for |k| < 2^12),
+// polynomials of degree 9 (sin) and 10 (cos) in r (error < 2e-7 for |x| up to about 10^4), the quadrant k mod 4
+// swapping and negating them; double: std::sin and std::cos.
+inline void sincosv(vec<float> x, vec<float>& sin_x, vec<float>& cos_x) {
+  typedef int32_t ivec __attribute__((vector_size(32)));
+  const vec<float> y = x * 0.636619772f;  // x / (π/2)
+  const ivec k = __builtin_convertvector(y + (y < 0 ? splat<float>(-0.5f) : splat<float>(0.5f)), ivec);  // nearest
+  const vec<float> kf = __builtin_convertvector(k, vec<float>);
+  const vec<float> r = ((x - kf * 1.5703125f) - kf * 4.837512969970703125e-4f) - kf * 7.549789948768648e-8f;
+  const vec<float> r2 = r * r;
+  const vec<float> s = r * (1.0f + r2 * (-1.0f / 6 + r2 * (1.0f / 120 + r2 * (-1.0f / 5040 + r2 * (1.0f / 362880)))));
+  const vec<float> c = 1.0f + r2 * (-0.5f + r2 * (1.0f / 24 + r2 * (-1.0f / 720 + r2 * (1.0f / 40320 - r2 / 3628800))));
+  const ivec swap = (k & 1) != 0, neg_sin = (k & 2) != 0, neg_cos = ((k + 1) & 2) != 0;
+  const vec<float> sn = swap ? c : s, cs = swap ? s : c;
+  sin_x = neg_sin ? -sn : sn;
+  cos_x = neg_cos ? -cs : cs;
+}
+inline void sincosv(vec<double> x, vec<double>& sin_x, vec<double>& cos_x) {
+  for (int i = 0; i < 4; ++i) sin_x[i] = std::sin(x[i]), cos_x[i] = std::cos(x[i]);
+}
+
 }  // namespace vitzoo
