@@ -2,12 +2,13 @@
 
 Alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) of one attention layer as
 ``scripts/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernels
-(:mod:`vitzoo.attention._cpp`: block attention for the fixed patterns, FAVOR+ features for performer) switched
-by ``VITZOO_CPU_KERNELS`` between blocks; training steps (forward + backward) or inference (``torch.no_grad``).
+(:mod:`vitzoo.attention._cpp`: block attention for the fixed patterns, random features for performer and rfa)
+switched by ``VITZOO_CPU_KERNELS`` between blocks; training steps (forward + backward) or inference
+(``torch.no_grad``).
 Prints the largest difference of the input gradient (train) or output (infer) and the per-block ratios
 (PyTorch path time / kernel time).
 
-    python scripts/ab_cpu_kernel.py --attention bigbird,local,performer --tokens 4096 --mode train infer
+    python scripts/ab_cpu_kernel.py --attention bigbird,local,performer,rfa --tokens 4096 --mode train infer
 """
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def switched(step: Callable[[], torch.Tensor], kernel: bool) -> Callable[[], tor
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--attention", default="bigbird,local,performer",
-                        help="comma-separated backends with a compiled kernel (fixed patterns, performer)")
+    parser.add_argument("--attention", default="bigbird,local,performer,rfa",
+                        help="comma-separated backends with a compiled kernel (fixed patterns, performer, rfa)")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per image (a square grid)")
     parser.add_argument("--mode", nargs="+", default=["train", "infer"], choices=["train", "infer"])
     parser.add_argument("--blocks", type=int, default=6, help="timed blocks per side (alternating)")

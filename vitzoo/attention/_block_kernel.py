@@ -14,6 +14,7 @@ built the PyTorch path runs.
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -25,7 +26,7 @@ from vitzoo.attention import _cpp
 STEM = "block_attention"  # csrc/block_attention.cpp
 
 
-def kernel():
+def kernel() -> Optional[ModuleType]:
     """The built extension, or None (see :func:`vitzoo.attention._cpp.extension`)."""
     return _cpp.extension(STEM)
 
