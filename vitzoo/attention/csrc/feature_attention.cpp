@@ -359,7 +359,7 @@ void key_grads(const Call<T>& c, const T* qkv, T* shift, int64_t b, int64_t hd, 
     features<T>(c, hd, w, n, shift ? shift + t0 : nullptr, false);
     gemm<T>(n, s.dp, s.mp, w.phi.data(), s.mp, 1, w.gkv.data(), s.dp, w.acc.data(), s.dp);  // ∂L/∂V = φ ∂L/∂kv
     store_rows<T>(s, gqkv, 3, 2, b, hd, t0, n, w.acc.data());
-    for (int64_t t = 0; t < n; ++t) {  // "exp": ∂L/∂φ·φ summed over the features = [v | 1]·(φ [∂L/∂kv | ∂L/∂z])
+    for (int64_t t = 0; t < n && !s.fourier; ++t) {  // "exp": Σ ∂L/∂φ·φ = [v | 1]·(φ [∂L/∂kv | ∂L/∂z])
       const T g_z = dot<T>(&w.phi[t * s.mp], w.gz.data(), s.mp);
       w.half[t] = c2 * -(dot<T>(&w.v[t * s.dp], &w.acc[t * s.dp], s.dp) + g_z);
     }
