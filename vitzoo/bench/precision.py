@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vitzoo.attention._kernel import redraw_random_features
+from vitzoo.bench.options import resolve_device
 from vitzoo.bench.timing import time_fns
 from vitzoo.models import create_model, model_config
 from vitzoo.registry import ConfigError
@@ -36,6 +37,7 @@ class PrecisionOptions:
         model_options: extra options of every model (e.g. ``{"depth": 1}`` for a smoke test).
         compile_backend: ``torch.compile`` backend of the compile mode (``inductor``; ``eager`` in tests).
         seed: torch seed before each model is built.
+        device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
     """
 
     models: list[str] = field(default_factory=lambda: ["vit_cifar", "swin_cifar"])
@@ -47,8 +49,10 @@ class PrecisionOptions:
     model_options: dict[str, Any] = field(default_factory=dict)
     compile_backend: str = "inductor"
     seed: int = 0
+    device: str = "auto"
 
     def __post_init__(self):
+        self.device = resolve_device(self.device)
         for name in ("batch", "steps", "rounds"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be at least 1 (got {getattr(self, name)})")
@@ -75,7 +79,7 @@ class TrainSteps:
         """One optimizer step: redraw (performer/rfa), forward (autocast in bf16-mixed), backward, update."""
         redraw_random_features(self.model)
         self.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.mode == "bf16-mixed"):
+        with torch.autocast(self.x.device.type, dtype=torch.bfloat16, enabled=self.mode == "bf16-mixed"):
             loss = nn.functional.cross_entropy(self.net(self.x), self.y)
         loss.backward()
         self.opt.step()
@@ -92,12 +96,12 @@ def measure_pair(model_name: str, attention: str, opts: PrecisionOptions) -> dic
     row: dict[str, Any] = {"model": model_name, "attention": attention, "status": "ok"}
     torch.manual_seed(opts.seed)
     try:
-        model = create_model(model_name, attention=attention, **opts.model_options).train()
+        model = create_model(model_name, attention=attention, **opts.model_options).to(opts.device).train()
     except ConfigError as exc:
         return {**row, "status": f"cannot build: {exc}"}
     cfg = model.cfg
-    x = torch.randn(opts.batch, cfg.in_chans, cfg.img_size, cfg.img_size)
-    y = torch.randint(0, cfg.num_classes, (opts.batch,))
+    x = torch.randn(opts.batch, cfg.in_chans, cfg.img_size, cfg.img_size, device=opts.device)
+    y = torch.randint(0, cfg.num_classes, (opts.batch,), device=opts.device)
     runners = {}
     for mode in MODES:  # a mode that fails (e.g. a compiler error) is reported; the others still run
         try:
@@ -107,7 +111,7 @@ def measure_pair(model_name: str, attention: str, opts: PrecisionOptions) -> dic
             runners.pop(mode, None)
             row[mode] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
     if runners:  # alternating blocks (ABBA) of `steps` timed steps after `warmup` untimed ones
-        timings = time_fns({m: r.step for m, r in runners.items()}, torch.device("cpu"), warmup=opts.warmup,
+        timings = time_fns({m: r.step for m, r in runners.items()}, torch.device(opts.device), warmup=opts.warmup,
                            repeats=opts.rounds, max_time=0, iters=opts.steps)
         row.update({mode: opts.batch / t.median for mode, t in timings.items()})
     return row
@@ -174,6 +178,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[PrecisionOptions, 
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed steps per mode (includes compilation)")
     p.add_argument("--steps", type=int, default=d.steps, help="timed steps per block")
     p.add_argument("--rounds", type=int, default=d.rounds, help="alternating blocks per mode")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
     p.add_argument("--compile-backend", dest="compile_backend", default=d.compile_backend, help="torch.compile backend")
     p.add_argument("--out", default="precision_table.md", help="Markdown file to write")
     args = vars(p.parse_args(argv))
