@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from vitzoo.attention import _flex
+from vitzoo.attention import _flex, build_attention
 from vitzoo.bench import gpu_checks
 from vitzoo.bench.gpu_checks import STEPS, SIZES, GpuCheckOptions, fixed_pattern_backends, run_gpu_checks
 from vitzoo.registry import ConfigError
@@ -64,6 +64,25 @@ def test_flex_check_fails_on_a_wrong_output(monkeypatch):
     monkeypatch.setattr(_flex, "run_flex", lambda *a, **k: run(*a, **k) * 1.001)
     row = gpu_checks.flex_agreement("local", {}, SIZES["smoke"], "cpu")
     assert row["status"].startswith("MISMATCH") and row["blocked_output_err"] < 1e-5 < row["flex_output_err"]
+
+
+@pytest.mark.parametrize("name", fixed_pattern_backends())
+def test_blocked_gradients_agree_with_the_reference(name, one_thread):
+    """The gradient half of the check (what runs on CUDA for both impls), on the CPU's blocked path."""
+    row = gpu_checks.flex_agreement(name, {}, SIZES["smoke"], "cpu", impls=("blocked",), backward=True)
+    assert row["status"] == "ok" and row["blocked_grad_err"] < 1e-5, row
+
+
+def test_gradient_check_fails_on_a_wrong_gradient(monkeypatch):
+    """A forward hook leaves the output as it is and scales every gradient by 1.001: the check says so."""
+    def build(spec, ctx):
+        attn = build_attention(spec, ctx)
+        attn.register_forward_hook(lambda mod, inp, out: out + 1e-3 * (out - out.detach()))
+        return attn
+
+    monkeypatch.setattr(gpu_checks, "build_attention", build)
+    row = gpu_checks.flex_agreement("bigbird", {}, SIZES["smoke"], "cpu", impls=("blocked",), backward=True)
+    assert row["blocked_output_err"] < 1e-5 and row["blocked_grad_err"] > 5e-4 and row["status"].startswith("MISMATCH")
 
 
 def test_budget_skips_and_failures_stay_items(tmp_path, monkeypatch):
