@@ -159,7 +159,8 @@ def flex_agreement(name: str, options: dict[str, Any], sizes: dict[str, Any], de
 
 def _flex_items(sizes: dict[str, Any], device: str) -> Iterator[Item]:
     for name, options in [(n, {}) for n in fixed_pattern_backends()] + FLEX_EXTRA:
-        yield f"flex {name}" + "".join(f" {k}={v}" for k, v in options.items()), lambda n=name, o=options: _fresh(flex_agreement, n, o, sizes, device)
+        what = f"flex {name}" + "".join(f" {k}={v}" for k, v in options.items())
+        yield what, lambda n=name, o=options: _fresh(flex_agreement, n, o, sizes, device)
 
 
 def _fresh(fn: Callable, *args: Any) -> Row:
@@ -186,11 +187,12 @@ def _timm_items(sizes: dict[str, Any], device: str) -> Iterator[Item]:
 def _layer_specs(device: str) -> list[tuple[str, dict[str, Any]]]:
     """(label, spec) of every backend; on CUDA the fixed-pattern backends twice, ``impl=flex`` and ``impl=blocked``
     (elsewhere ``blocked`` alone: FlexAttention has no CPU backward)."""
-    fixed, specs = set(fixed_pattern_backends()), []
+    fixed, impls, specs = set(fixed_pattern_backends()), ("flex", "blocked") if device == "cuda" else ("blocked",), []
     for name in list_attention():
-        impls = (("flex", "blocked") if device == "cuda" else ("blocked",)) if name in fixed else (None,)
-        specs += [(f"{name} ({impl})" if impl else name, {**attention_options(name), **({"impl": impl} if impl else {})})
-                  for impl in impls]
+        if name not in fixed:
+            specs.append((name, attention_options(name)))
+        else:
+            specs += [(f"{name} ({impl})", {**attention_options(name), "impl": impl}) for impl in impls]
     return specs
 
 
