@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 from torch.utils import _python_dispatch
 
+from vitzoo.attention.base import tracing
+
 CSRC = Path(__file__).parent / "csrc"
 ENV = "VITZOO_CPU_KERNELS"  # "0": never build or use a compiled kernel
 DTYPES = (torch.float32, torch.float64)
@@ -71,9 +73,10 @@ def extension(stem: str) -> Optional[ModuleType]:
 
 
 def usable(stem: str, *tensors: Optional[Tensor]) -> bool:
-    """Whether kernel ``stem`` runs these tensors: float32/float64 on the CPU, no dispatch mode watching the aten
-    ops (``FlopCounterMode`` and shape recorders see the PyTorch path's ops; a kernel is one opaque call), and it
+    """Whether kernel ``stem`` runs these tensors: float32/float64 on the CPU, not traced or compiled
+    (:func:`~vitzoo.attention.base.tracing`: plain ops are kept there), no dispatch mode watching the aten ops
+    (``FlopCounterMode`` and shape recorders see the PyTorch path's ops; a kernel is one opaque call), and it
     could be built."""
     real = [t for t in tensors if t is not None]
-    return (all(t.device.type == "cpu" and t.dtype in DTYPES for t in real)
+    return (not tracing() and all(t.device.type == "cpu" and t.dtype in DTYPES for t in real)
             and _python_dispatch._get_current_dispatch_mode() is None and extension(stem) is not None)

@@ -94,7 +94,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
             return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
         return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
                           use_reentrant=False)
-    if p_drop == 0.0 and not tracing() and _block_kernel.usable(q, k, v, k_glob, v_glob):  # inference
+    if p_drop == 0.0 and _block_kernel.usable(q, k, v, k_glob, v_glob):  # inference
         return _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)[0]
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
@@ -272,7 +272,7 @@ class _BlockSDPA(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
                 q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
-        ctx.kernel = not tracing() and _block_kernel.usable(q, k, v, k_glob, v_glob)
+        ctx.kernel = _block_kernel.usable(q, k, v, k_glob, v_glob)
         ctx.scale = scale
         if ctx.kernel:  # the compiled kernel (one task per image and head)
             out, lse = _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)

@@ -231,7 +231,7 @@ class KernelAttention(torch.autograd.Function):
         qkv, omega, scale, kvz, shift_q, shift_k, den = ctx.saved_tensors
         kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
         dots = _output_dots(ctx, grad, heads)  # [B, h, N, 1] g·out, or None: φ(Q)[kv | z] recomputed
-        if not tracing() and _feature_kernel.usable(kind, qkv, omega, scale):  # compiled; either forward's results
+        if _feature_kernel.usable(kind, qkv, omega, scale):  # compiled; either forward's results
             grad_qkv, grad_scale = _feature_kernel.backward(kind, qkv, heads, omega, scale, eps, factor,
                                                             (kvz, shift_q, shift_k, den), grad, dots)
             return None, grad_qkv, None, None, grad_scale, None, None
@@ -298,7 +298,7 @@ def kernel_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], 
         float64), the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` and the normalisers ``φ(Q)z``
         ``[B, h, N, 1]`` before the floor.
     """
-    if not tracing() and _feature_kernel.usable(kind, qkv, omega, scale):  # the compiled kernel, same results
+    if _feature_kernel.usable(kind, qkv, omega, scale):  # the compiled kernel, same results
         return _feature_kernel.forward(kind, qkv, heads, omega, scale, eps, factor)
     B, N, C3 = qkv.shape
     d, acc = C3 // 3 // heads, torch.promote_types(qkv.dtype, torch.float32)
