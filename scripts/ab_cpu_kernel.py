@@ -17,8 +17,8 @@ import os
 from typing import Callable
 
 import torch
-
 from ab_module import layer_step  # scripts/ is the script's import path
+
 from vitzoo.attention import _cpp
 from vitzoo.bench.memory import _malloc_live
 from vitzoo.bench.timing import time_fns

@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs that train.yaml composes)
-from vitzoo.configs import attention_options
 from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
+from vitzoo.configs import attention_options
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

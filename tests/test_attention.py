@@ -3,9 +3,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import (
+    ATTENTION_NAMES,
+    CONFIGS,
+    SHIFT_CASES,
+    Host,
+    RecordShapes,
+    attention_classes,
+    backends,
+    make_attention,
+    token_by_token,
+)
 
-from conftest import (ATTENTION_NAMES, CONFIGS, SHIFT_CASES, Host, RecordShapes, attention_classes, backends,
-                      make_attention, token_by_token)
 from vitzoo.attention import ConfigError, attention_config, list_attention
 from vitzoo.attention.base import FAMILIES
 from vitzoo.flops import flop_analysis

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, compose_cfg
 from PIL import Image
 
 import vitzoo
-from conftest import ROOT, compose_cfg
 from vitzoo.export import export_model
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, train

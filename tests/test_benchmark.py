@@ -16,11 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import require_cpu_kernel
+
 from vitzoo.attention import list_attention
-from vitzoo.bench import (NOT_INSTALLED, BenchOptions, Timing, goal_rows, package_version, run_benchmark, run_job,
-                          time_fns)
+from vitzoo.bench import (
+    NOT_INSTALLED,
+    BenchOptions,
+    Timing,
+    goal_rows,
+    package_version,
+    run_benchmark,
+    run_job,
+    time_fns,
+)
 from vitzoo.bench.compare import compare_runs, find_run_dirs, pareto_front, plotted_runs, sweep_command
 from vitzoo.bench.memory import _glibc
 from vitzoo.flops import mfu as mfu_module

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import require_cpu_kernel
+
 from vitzoo.attention import _block_kernel, _cpp, _gather
 
 

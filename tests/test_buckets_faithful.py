@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import make_attention
+
 from vitzoo.attention import ConfigError
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import CONFIGS
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs train.yaml composes)
-from conftest import CONFIGS
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 

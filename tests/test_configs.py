@@ -5,12 +5,12 @@ import dataclasses
 import re
 
 import pytest
+from conftest import CONFIGS
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs with Hydra's ConfigStore)
-from conftest import CONFIGS
 from vitzoo.models import MODELS, list_models, model_config, natural_attention
 from vitzoo.registry import ConfigError
 from vitzoo.training import BenchmarkConfig, OptimConfig, VitModule

@@ -8,8 +8,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import make_attention
+
 from vitzoo.attention import _block_kernel, _cpp, _feature_kernel
 
 STEMS = sorted(path.stem for path in _cpp.CSRC.glob("*.cpp"))  # every kernel the package ships

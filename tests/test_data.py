@@ -5,12 +5,17 @@ import urllib.error
 
 import pytest
 import torch
+from conftest import CIFAR_ROOT
 from PIL import Image
 
-from conftest import CIFAR_ROOT
 from vitzoo.registry import ConfigError
-from vitzoo.training.data import (CIFARDataModule, DigitsDataModule, ImageFolderDataModule, build_transform,
-                                  stratified_split)
+from vitzoo.training.data import (
+    CIFARDataModule,
+    DigitsDataModule,
+    ImageFolderDataModule,
+    build_transform,
+    stratified_split,
+)
 
 
 def digits(**kw):
@@ -116,10 +121,9 @@ def test_imagefolder_reads_shared_cifar10():
 
 def data_module(overrides):
     """The DataModule that ``configs/train.yaml`` with ``overrides`` instantiates (as training does)."""
+    from conftest import CONFIGS
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-
-    from conftest import CONFIGS
 
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))

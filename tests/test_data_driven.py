@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import RecordShapes, attention_yaml, backends, make_attention, token_by_token
 
 import vitzoo
-from conftest import RecordShapes, attention_yaml, backends, make_attention, token_by_token
 from vitzoo.attention import ConfigError
 from vitzoo.attention._buckets import DataDrivenAttention
 from vitzoo.flops import flop_analysis

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from conftest import CONFIGS, ROOT
 from hydra import compose, initialize_config_dir
 
-from conftest import CONFIGS, ROOT
 from vitzoo.training import train
 
 # one fixed batch of 32 digits (overfit_batches=1: no shuffling, so the 2 ranks' shards of 16 are exactly the

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import ATTENTION_NAMES, CONFIGS, attention_classes, make_attention
 
 README = CONFIGS.parent / "README.md"

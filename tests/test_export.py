@@ -17,10 +17,10 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import ATTENTION_NAMES, attention_yaml
 
 import vitzoo
 import vitzoo.layers.block as block_module
-from conftest import ATTENTION_NAMES, attention_yaml
 from vitzoo.attention import MixerContext, build_attention
 from vitzoo.export import export_model
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import require_cpu_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import require_cpu_kernel
 from vitzoo.attention import _cpp, _feature_kernel, _kernel_core
 
 STEM = _feature_kernel.STEM

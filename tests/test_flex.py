@@ -12,8 +12,7 @@ import torch
 from conftest import attention_yaml, backends, make_attention
 from torch.nn.attention.flex_attention import create_mask
 
-from vitzoo.attention import ConfigError, attention_config
-from vitzoo.attention import _flex
+from vitzoo.attention import ConfigError, _flex, attention_config
 from vitzoo.attention._sparse import SparsePatternAttention
 
 FIXED = backends(base=SparsePatternAttention)

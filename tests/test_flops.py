@@ -9,13 +9,21 @@ import math
 
 import pytest
 import torch
+from conftest import ROOT, attention_yaml, make_attention
 from torch import nn
 
 import vitzoo
-from conftest import ROOT, attention_yaml, make_attention
 from vitzoo.flops import (
-    MixerHost, UnsupportedOpError, children_of, count_flops, einsum_macs, evaluate_formula, flop_analysis, leaf_cost,
-    mixer_flops, torch_flops,
+    MixerHost,
+    UnsupportedOpError,
+    children_of,
+    count_flops,
+    einsum_macs,
+    evaluate_formula,
+    flop_analysis,
+    leaf_cost,
+    mixer_flops,
+    torch_flops,
 )
 from vitzoo.flops.specs import PUBLISHED
 from vitzoo.layers.block import Block

@@ -11,7 +11,7 @@ import torch
 
 from vitzoo.attention import _flex, build_attention
 from vitzoo.bench import gpu_checks
-from vitzoo.bench.gpu_checks import STEPS, SIZES, GpuCheckOptions, fixed_pattern_backends, run_gpu_checks
+from vitzoo.bench.gpu_checks import SIZES, STEPS, GpuCheckOptions, fixed_pattern_backends, run_gpu_checks
 from vitzoo.registry import ConfigError
 
 ROOT = gpu_checks.Path(__file__).resolve().parents[1]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import backends, make_attention
+
 from vitzoo.attention import ConfigError
 from vitzoo.attention._halo import HaloGroup, axis_plan
 from vitzoo.attention._neighbourhood import axis_mask

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import Host, attention_yaml, backends, make_attention, use_cpu_kernel
+
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention
 from vitzoo.attention._kernel import RandomFeatureAttention, redraw_random_features

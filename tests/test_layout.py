@@ -12,7 +12,6 @@ import ast
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 PACKAGE = ROOT / "vitzoo"

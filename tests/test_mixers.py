@@ -6,14 +6,14 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import Host, attention_yaml, backends, make_attention
+from fvcore.nn.jit_analysis import _IGNORED_OPS as _FVCORE_IGNORED
+
 import vitzoo
 from vitzoo.attention import ConfigError, attention_config, dense_attention
 from vitzoo.attention.fnet import FNetMixing, fft_macs
 from vitzoo.attention.nystrom import iterative_pinv, segments
 from vitzoo.flops import IGNORED_OPS, count_flops, flop_analysis
-from fvcore.nn.jit_analysis import _IGNORED_OPS as _FVCORE_IGNORED
 
 MINE = backends("mixers")  # from the registry: nystrom, compressed, synthesizer, fnet, gmlp, mixer, ...
 FIXED = [

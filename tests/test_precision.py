@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-
 from conftest import ATTENTION_NAMES, SHIFT_AWARE, Host, backends, make_attention
+
 from vitzoo.attention._kernel import redraw_random_features
 
 TOLERANCE = {torch.bfloat16: 0.02, torch.float16: 0.004}
@@ -214,9 +214,9 @@ def test_export_eval_model_then_eager(name, host):
 
 def short_run(tmp_path, attention, *extra):
     """A 4-step run of a one-block ViT on one digits batch (train.yaml + overrides)."""
+    from conftest import CONFIGS
     from hydra import compose, initialize_config_dir
 
-    from conftest import CONFIGS
     from vitzoo.training import fit
 
     overrides = [f"attention={attention}", "+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2",
@@ -299,6 +299,7 @@ def test_precision_table_smoke(tmp_path):
     import sys
 
     from conftest import ROOT
+
     from vitzoo.bench.precision import PrecisionOptions, markdown_table, measure
 
     opts = PrecisionOptions(models=["vit_cifar"], attention=["global", "performer"], batch=4, warmup=1, steps=2,

@@ -1,10 +1,10 @@
 """Preprocessing belongs to the model: eval uses the checkpoint's mean/std/img_size whatever data group is chosen."""
 from __future__ import annotations
 
+from conftest import CONFIGS
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
-from conftest import CONFIGS
 from vitzoo.training.evaluate import data_config
 
 SAVED = {"name": "imagefolder", "img_size": 32, "mean": [0.4914, 0.4822, 0.4465], "std": [0.2470, 0.2435, 0.2616],

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 import torch
+from conftest import CONFIGS, ROOT
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
-from conftest import CONFIGS, ROOT
 from vitzoo.training import OptimConfig, evaluate, train
 from vitzoo.training.module import warmup_steps
 

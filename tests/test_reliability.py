@@ -13,8 +13,8 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-
 from conftest import CONFIGS, ROOT, compose_cfg
+
 from vitzoo.training import VitModule, train
 from vitzoo.training.resume import AtomicCheckpointIO, TrainingDiverged
 

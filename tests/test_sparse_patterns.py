@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token, use_cpu_kernel
 from torch.utils.checkpoint import checkpoint
 
-from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token, use_cpu_kernel
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, _gather, build_attention
 from vitzoo.attention._neighbourhood import axis_index, fit_dilation, neighbourhood_index

@@ -11,9 +11,9 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from conftest import CIFAR_ROOT, CONFIGS, ROOT, compose_cfg
 
 import vitzoo
-from conftest import CIFAR_ROOT, CONFIGS, ROOT, compose_cfg
 from vitzoo.layers.block import Block
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, fit, train

@@ -38,8 +38,16 @@ from vitzoo.attention import _flex
 from vitzoo.attention._gather import block_attention, head_parts, select_rows, split_prefix
 from vitzoo.attention._halo import HaloGroup, halo_attention, halo_flops
 from vitzoo.attention._neighbourhood import Neighbourhood, check_num_global, fit_dilation
-from vitzoo.attention.base import (Grid, MixerContext, QKVAttention, check_non_negative, dense_attention, sdpa,
-                                  sdpa_flops)
+from vitzoo.attention.base import (
+    Grid,
+    MixerContext,
+    QKVAttention,
+    check_non_negative,
+    dense_attention,
+    sdpa,
+    sdpa_flops,
+)
+
 
 class HeadGroup(nn.Module):
     """Consecutive heads that share one key list per query group.

@@ -26,7 +26,6 @@ from torch import Tensor
 
 from vitzoo.attention.base import LOG2E, tracing
 
-
 # Inference runs the core from this many windows × heads per call (B·nW·h) on: below it the core's fixed cost
 # (about 0.25 ms a call on a 2-core AMD EPYC, Zen 2: strided copies and a few more ops) outweighs what it saves,
 # and SDPA's fused CPU kernel, which reads q/k/v in place, is faster. swin_cifar, core time / SDPA time per layer:

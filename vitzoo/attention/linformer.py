@@ -34,7 +34,15 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention._kernel_core import _chunks
 from vitzoo.attention.base import (
-    Grid, MixerContext, QKVAttention, check, check_positive, dense_attention, resample_tokens, sdpa, sdpa_flops,
+    Grid,
+    MixerContext,
+    QKVAttention,
+    check,
+    check_positive,
+    dense_attention,
+    resample_tokens,
+    sdpa,
+    sdpa_flops,
 )
 
 SHARING = ("none", "headwise", "kv")

@@ -38,8 +38,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, ceil_to, combine_parts,
-                                       gather_tokens, look_back, pad_tokens, prefix_part, unsort)
+from vitzoo.attention._buckets import (
+    DataDrivenAttention,
+    attend_pieces,
+    attend_pieces_flops,
+    ceil_to,
+    combine_parts,
+    gather_tokens,
+    look_back,
+    pad_tokens,
+    prefix_part,
+    unsort,
+)
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive
 
 SELF_PENALTY = 1e5  # subtracted from a token's score with itself (the paper's 10^5)

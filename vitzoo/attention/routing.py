@@ -45,8 +45,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, auto_size, check_auto_size,
-                                       dense_parts, gather_tokens, prefix_part, scatter_combine)
+from vitzoo.attention._buckets import (
+    DataDrivenAttention,
+    attend_pieces,
+    attend_pieces_flops,
+    auto_size,
+    check_auto_size,
+    dense_parts,
+    gather_tokens,
+    prefix_part,
+    scatter_combine,
+)
 from vitzoo.attention.base import Grid, MixerContext, check
 
 

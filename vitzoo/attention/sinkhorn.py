@@ -34,8 +34,18 @@ import torch
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention._buckets import (DataDrivenAttention, attend_pieces, attend_pieces_flops, auto_size, ceil_to,
-                                       check_auto_size, combine_parts, dense_parts, pad_tokens, prefix_part)
+from vitzoo.attention._buckets import (
+    DataDrivenAttention,
+    attend_pieces,
+    attend_pieces_flops,
+    auto_size,
+    ceil_to,
+    check_auto_size,
+    combine_parts,
+    dense_parts,
+    pad_tokens,
+    prefix_part,
+)
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive, check_positive_number
 
 MAX_ITERS = 100

@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 from timm.layers import trunc_normal_
+from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention._window_core import core_applies, window_core

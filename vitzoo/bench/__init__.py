@@ -41,12 +41,18 @@ job), ``run`` (:func:`run_benchmark`), ``goals`` (met / missed), ``report`` (tab
 """
 from vitzoo.bench.compare import compare_runs, find_run_dirs, pareto_front, plot_bubbles, read_run, sweep_command
 from vitzoo.bench.environment import environment, package_version
+from vitzoo.bench.goals import goal_rows
 from vitzoo.bench.jobs import JOBS, layer_job, layer_ref_job, model_job, model_ref_job
 from vitzoo.bench.memory import PeakMemory
 from vitzoo.bench.options import BenchOptions, model_family, resolve_device, select_backends
-from vitzoo.bench.references import (LAYER_REFERENCES, MODEL_REFERENCES, NOT_INSTALLED, ReferenceUnavailable,
-                                     layer_reference, timm_reference)
-from vitzoo.bench.goals import goal_rows
+from vitzoo.bench.references import (
+                                     LAYER_REFERENCES,
+                                     MODEL_REFERENCES,
+                                     NOT_INSTALLED,
+                                     ReferenceUnavailable,
+                                     layer_reference,
+                                     timm_reference,
+)
 from vitzoo.bench.report import markdown_table, plot_scaling, write_csv, write_outputs
 from vitzoo.bench.run import run_benchmark
 from vitzoo.bench.timing import Timing, time_fns

@@ -12,7 +12,6 @@ import matplotlib
 from matplotlib.figure import Figure  # the object API: no pyplot, no global backend, no open figures
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-
 MODEL_COLUMNS = ["backend", "model", "img_size", "batch", "tokens", "status", "train_img_s", "train_img_s_min",
                  "train_img_s_max", "train_mfu", "train_gmacs_s", "infer_img_s", "infer_img_s_min", "infer_img_s_max", "infer_mfu", "infer_gmacs_s", "latency_ms", "latency_ms_min",
                  "latency_ms_max", "train_peak_mb", "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic", "repeats",

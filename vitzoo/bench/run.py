@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitzoo.bench.environment import ROOT, environment, load_average, mem_available_gb
+from vitzoo.bench.goals import goal_rows
 from vitzoo.bench.options import BenchOptions, model_family, model_img_size, resolve_device, select_backends
 from vitzoo.bench.references import LAYER_REFERENCES, MODEL_REFERENCES, reference_status
-from vitzoo.bench.goals import goal_rows
 from vitzoo.bench.report import GOAL_COLUMNS, SPEED_RATIOS, markdown_table, write_outputs
 from vitzoo.bench.worker import run_job
 from vitzoo.configs import attention_options

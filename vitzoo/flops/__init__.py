@@ -37,12 +37,28 @@ Layout: :mod:`~vitzoo.flops.handles` (which ops count, fvcore handles, the analy
 """
 from vitzoo.flops.formula import evaluate_formula, with_symbols
 from vitzoo.flops.handles import (
-    HANDLES, IGNORED_OPS, MATRIX_OPS, MATRIX_PREFIXES, FlopAnalysis, UnsupportedOpError, all_handles, einsum_macs,
-    flop_analysis, is_matrix_op,
+    HANDLES,
+    IGNORED_OPS,
+    MATRIX_OPS,
+    MATRIX_PREFIXES,
+    FlopAnalysis,
+    UnsupportedOpError,
+    all_handles,
+    einsum_macs,
+    flop_analysis,
+    is_matrix_op,
 )
 from vitzoo.flops.report import (
-    FlopReport, MixerHost, ModuleRow, analytic_rows, attention_layers, children_of, count_flops, leaf_cost,
-    mixer_flops, model_input,
+    FlopReport,
+    MixerHost,
+    ModuleRow,
+    analytic_rows,
+    attention_layers,
+    children_of,
+    count_flops,
+    leaf_cost,
+    mixer_flops,
+    model_input,
 )
 from vitzoo.flops.torch_counter import TORCH_COUNTED_OPS, TorchCount, torch_flop_formulas, torch_flops
 

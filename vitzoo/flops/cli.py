@@ -16,7 +16,7 @@ import yaml
 import vitzoo
 from vitzoo.flops.handles import UnsupportedOpError
 from vitzoo.flops.report import FlopReport, count_flops
-from vitzoo.flops.specs import spec_from_overrides, build, default_attention
+from vitzoo.flops.specs import build, default_attention, spec_from_overrides
 from vitzoo.flops.sweeps import all_pairs, formulas, published, scaling
 from vitzoo.flops.tables import gmacs, human, print_table, signed
 from vitzoo.registry import ConfigError

@@ -5,6 +5,7 @@ import csv
 from pathlib import Path
 from typing import Any, Optional
 
+
 def human(macs: Optional[float]) -> str:
     """``4509215744`` -> ``"4.509 G"``."""
     if macs is None:

@@ -37,7 +37,7 @@ def register_model(family: type) -> Callable[[Callable[[], dict[str, Any]]], Cal
 
 # the families register their variants on import (after MODELS exists)
 from vitzoo.models.swin import SwinConfig, SwinTransformer  # noqa: E402
-from vitzoo.models.vit import ViTConfig, VisionTransformer  # noqa: E402
+from vitzoo.models.vit import VisionTransformer, ViTConfig  # noqa: E402
 
 
 def list_models() -> list[str]:

@@ -24,9 +24,15 @@ from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
 from vitzoo.training.safe_load import checkpoint_hparams, module_from_checkpoint, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
-from vitzoo.training.utils import (benchmark_config, console, flops_table, peak_memory_mb, read_checkpoint,
-                                   trainer_throughput, write_traceback)
-
+from vitzoo.training.utils import (
+    benchmark_config,
+    console,
+    flops_table,
+    peak_memory_mb,
+    read_checkpoint,
+    trainer_throughput,
+    write_traceback,
+)
 
 PREPROCESSING = ("img_size", "mean", "std")  # data options that belong to the model
 

@@ -25,11 +25,27 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
-from vitzoo.training.resume import (AtomicCheckpointIO, RngState, StopOnNonFinite, interrupted, previous_status,
-                                    resolve_ckpt_path, say, write_export)
+from vitzoo.training.resume import (
+    AtomicCheckpointIO,
+    RngState,
+    StopOnNonFinite,
+    interrupted,
+    previous_status,
+    resolve_ckpt_path,
+    say,
+    write_export,
+)
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
-from vitzoo.training.utils import (ResultsFile, benchmark_config, console, flops_table, one_line,
-                                   read_checkpoint, trainer_throughput, write_traceback)
+from vitzoo.training.utils import (
+    ResultsFile,
+    benchmark_config,
+    console,
+    flops_table,
+    one_line,
+    read_checkpoint,
+    trainer_throughput,
+    write_traceback,
+)
 
 
 def build_datamodule(data_cfg: Any) -> ImageDataModule:
