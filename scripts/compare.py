@@ -1,9 +1,16 @@
 #!/usr/bin/env python
-"""Accuracy versus throughput of a Hydra multirun: table sorted by accuracy and a bubble chart.
+"""Accuracy versus throughput: a folder of result records, or a Hydra multirun, as tables and a chart.
 
+    python scripts/compare.py results/cifar10                  # committed records + the quiet benchmark
+    python scripts/compare.py results/cifar10 --docs docs/results.md   # and refresh the generated block there
+    python scripts/compare.py results/cifar10/3ep --top 3 --exclude global,window   # names, for follow-up runs
     python scripts/compare.py multirun/zoo_digits/<date>/<time>
     python scripts/compare.py multirun/zoo_digits/<date>/<time> --x infer --out docs/img
     python scripts/compare.py --sweep-command zoo_cifar10      # the sweep with every backend spelled out
+
+A record folder (``seed*.json`` files written by ``record_dir=``) gives ``ranking.md``, ``ranking.csv`` and one
+chart per budget (top-1 with its 95 % interval against training images/s from the benchmark's ``models.csv``,
+bubble area = training peak memory, Pareto front) in the folder (``--out``).
 
 Each job folder's ``results.json`` (written by ``train.py``) gives best validation accuracy,
 training and inference throughput, peak memory, parameters and GMACs. A job that failed, is still
@@ -16,8 +23,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from vitzoo.bench.compare import compare_runs, sweep_command
+from vitzoo.bench.ranking import rank_records, top_backends
+from vitzoo.registry import ConfigError
+
+
+def is_record_folder(folder: str) -> bool:
+    """True when ``folder`` holds result records (``seed*.json``) and no Hydra job folders."""
+    path = Path(folder)
+    return any(path.rglob("seed*.json")) and not any(path.rglob(".hydra"))
 
 
 def main(argv=None) -> int:
@@ -27,12 +43,28 @@ def main(argv=None) -> int:
     p.add_argument("--x", choices=["train", "infer"], default="train", help="throughput on the x axis")
     p.add_argument("--sweep-command", metavar="EXPERIMENT", nargs="?", const="zoo_digits", default=None,
                    help="print the multirun command for EXPERIMENT with every registered backend listed, and exit")
+    p.add_argument("--benchmark", default=None, help="records: the quiet benchmark's models.csv "
+                   "(default <folder>/benchmark/models.csv)")
+    p.add_argument("--docs", default=None, help="records: Markdown file whose generated ranking block is replaced")
+    p.add_argument("--top", type=int, default=None, help="records: print the K most accurate vit_cifar backends")
+    p.add_argument("--exclude", default="", help="records, with --top: comma-separated backends to leave out")
     a = p.parse_args(argv)
     if a.sweep_command:
         print(sweep_command(a.sweep_command))
         return 0
     if not a.folder:
         p.error("give the multirun folder (or --sweep-command)")
+    if is_record_folder(a.folder) or a.top is not None:
+        try:
+            if a.top is not None:
+                print(",".join(top_backends(a.folder, a.top, [b for b in a.exclude.split(",") if b])))
+                return 0
+            res = rank_records(a.folder, a.benchmark, a.out, a.docs)
+        except ConfigError as e:
+            p.exit(2, f"error: {e}\n")
+        print(res["text"])
+        print(f"written: {res['md']}, {res['csv']}, " + ", ".join(map(str, res["charts"])))
+        return 0
     res = compare_runs(a.folder, a.out, a.x)
     print(res["table"])
     print(f"\n{len(res['rows'])} runs: {res['summary']}. " + " ".join(res["notes"]))

@@ -25,6 +25,7 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
+from vitzoo.training.records import build_record, existing_record, record_path, write_record
 from vitzoo.training.resume import (
     AtomicCheckpointIO,
     RngState,
@@ -81,6 +82,13 @@ def build_module(container: dict[str, Any], dm: ImageDataModule) -> VitModule:
     return module
 
 
+def validated_images(trainer: pl.Trainer, dm: ImageDataModule) -> Optional[int]:
+    """How many validation images the last validation saw (``trainer.limit_val_batches`` may cap it)."""
+    if dm.val_set is None or not trainer.num_val_batches:
+        return None
+    return min(len(dm.val_set), int(trainer.num_val_batches[0]) * dm.batch_size)
+
+
 def instantiate_all(group: Optional[DictConfig], kind: str) -> list[Any]:
     """Instantiate every ``_target_`` entry of a ``callbacks``/``logger`` group (null entries skipped; allow-listed)."""
     return instantiate_group(group, kind)
@@ -116,10 +124,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ``ckpt_path=auto`` resumes the interrupted ones.
     """
     out_dir = Path(cfg.paths.output_dir)
+    run = OmegaConf.to_container(cfg, resolve=True)
+    record = existing_record(cfg.get("record_dir"), run)
+    if record is not None:
+        say(f"record_dir: {record} exists; not training this job again (delete the record to rerun it)")
+        return json.loads(record.read_text())
     if cfg.get("skip_finished", False) and previous_status(out_dir) == "finished":
         say(f"skip_finished: {out_dir / 'results.json'} says finished; not training again")
         return json.loads((out_dir / "results.json").read_text())
-    return fit(cfg)[0]
+    results = fit(cfg)[0]
+    if cfg.get("record_dir") and rank_zero_only.rank == 0:
+        path = record_path(cfg.record_dir, run["model"]["name"], run["attention"]["name"], run.get("seed"))
+        say(f"record_dir: wrote {write_record(path, build_record(results, run))}")
+    return results
 
 
 def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Optional[str]) -> tuple[dict[str, Any], VitModule]:
@@ -167,6 +184,7 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
         val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,
         train_mfu=mfu(report.analytic * 3 * (speed.images_per_s or 0), 1.0, peak), matmul_peak_gmacs_s=peak / 1e9,
         peak_memory_mb=train_peak_mb, epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
+        val_images=validated_images(trainer, dm),
         export_dir=str(export_dir) if export_dir else None, wall_s=time.perf_counter() - start, output_dir=str(out_dir))
     if rank_zero_only.rank == 0:
         console.print(f"[bold]{cfg.model.name} + {cfg.attention.name} on {cfg.data.name}[/]: val acc {final['best_val_acc']:.4f} "

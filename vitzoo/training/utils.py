@@ -25,7 +25,7 @@ from vitzoo.flops import FlopReport
 from vitzoo.registry import ConfigError, build_config
 
 RESULT_KEYS = ("status", "model", "attention", "data", "best_val_acc", "best_val_acc5", "val_loss", "train_images_per_s",
-               "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic", "epochs", "best_ckpt",
+               "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic", "epochs", "val_images", "best_ckpt",
                "export_dir", "error")
 
 console = Console()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The CIFAR-10 ranking plan, resumable: every job leaves a record under RECORDS (commit them) and a job whose
+# record exists is skipped, so the script can be stopped and run again, on this machine or another.
+#   1. vit_cifar with every backend (or the comma-separated BACKENDS), 3 epochs, seed 0   -> RECORDS/3ep
+#   2. 10 epochs: vit_cifar + global, vit_cifar + window, swin_cifar + window and the most accurate other
+#      backend at 3 epochs                                                               -> RECORDS/10ep
+#   3. seed 1 at 3 epochs for global, window and the three most accurate others          -> RECORDS/3ep
+# Accuracy only (it does not depend on machine load): run it at low priority beside other work, and measure
+# speed separately on a quiet machine (scripts/benchmark.py --mode models, see docs/results.md).
+#   nice -n 19 bash scripts/sweep_cifar10.sh [RECORDS] [BACKENDS]   (default results/cifar10, all backends)
+#   extra Hydra overrides via SWEEP_ARGS, e.g. SWEEP_ARGS="trainer.precision=32" where bf16 is emulated
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RECORDS="${1:-results/cifar10}"
+BACKENDS="${2:-glob(*)}"
+read -r -a EXTRA <<< "${SWEEP_ARGS:-}"
+SWEEP="multirun/zoo_cifar10/$(date +%Y-%m-%d_%H-%M-%S)"  # checkpoints and logs (git-ignored)
+run() {  # run <name> <overrides...>: one multirun into its own sweep folder
+    local name="$1"; shift
+    python train.py -m experiment=zoo_cifar10 hydra.sweep.dir="$SWEEP/$name" "${EXTRA[@]}" "$@"
+}
+top() {  # top <k> <exclude>: the k most accurate vit_cifar backends at 3 epochs
+    python scripts/compare.py "$RECORDS/3ep" --top "$1" --exclude "$2"
+}
+
+run 3ep "attention=$BACKENDS" record_dir="$RECORDS/3ep"
+best=$(top 1 global,window)
+run 10ep_vit "attention=global,window${best:+,$best}" trainer.max_epochs=10 record_dir="$RECORDS/10ep"
+run 10ep_swin model=swin_cifar attention=window trainer.max_epochs=10 record_dir="$RECORDS/10ep"
+others=$(top 3 global,window)
+run seed1 "attention=global,window${others:+,$others}" seed=1 record_dir="$RECORDS/3ep"
+python scripts/compare.py "$RECORDS"

@@ -1,0 +1,115 @@
+"""Result records (vitzoo.training.records) and the ranking built from them (vitzoo.bench.ranking)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import pytest
+from conftest import ROOT, compose_cfg
+
+from vitzoo.bench.ranking import BEGIN, END, aggregate, rank_records, top_backends
+from vitzoo.registry import ConfigError
+from vitzoo.training import train
+from vitzoo.training.records import read_records, record_path, wilson_interval, write_record
+
+TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
+        "callbacks.rich_progress_bar=null", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1",
+        "export=false"]
+
+
+@pytest.mark.parametrize("acc,n,low,high", [(0.5, 100, 0.40383, 0.59617), (0.9, 5000, 0.89138, 0.90801),
+                                            (0.0, 50, 0.0, 0.07135), (1.0, 10, 0.72246, 1.0)])
+def test_wilson_interval_matches_hand_computed_values(acc, n, low, high):
+    got = wilson_interval(acc, n)
+    assert got == pytest.approx((low, high), abs=2e-5)
+
+
+def test_wilson_interval_without_images_is_nan():
+    assert all(math.isnan(v) for v in wilson_interval(0.5, 0))
+
+
+def test_record_path_names_model_attention_seed(tmp_path):
+    assert record_path(tmp_path, "vit_cifar", "window", 3) == tmp_path / "vit_cifar" / "window" / "seed3.json"
+    with pytest.raises(ConfigError, match="seed"):
+        record_path(tmp_path, "vit_cifar", "window", "abc")
+
+
+def test_write_record_refuses_a_symlink(tmp_path):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep")
+    link = tmp_path / "rec" / "seed0.json"
+    link.parent.mkdir()
+    os.symlink(target, link)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        write_record(link, {"version": 1})
+    assert target.read_text() == "keep"
+
+
+def test_a_finished_run_writes_its_record_and_a_rerun_skips_it(tmp_path):
+    records = tmp_path / "records"
+    first = train(compose_cfg([*TINY, f"record_dir={records}"], tmp_path / "run1"))
+    path = records / "vit_cifar" / "global" / "seed0.json"
+    rec = json.loads(path.read_text())
+    assert rec["top1"] == first["best_val_acc"] and rec["val_images"] == 180  # digits: 180 validation images
+    low, high = rec["top1_ci95"]
+    assert low <= rec["top1"] <= high
+    assert rec["epochs"] == 1 and rec["steps"] == 2 and rec["images_seen"] == 2 * rec["batch_size"]
+    assert rec["precision"] == "32-true" and rec["cpu"] and rec["data"] == "digits"
+    again = train(compose_cfg([*TINY, f"record_dir={records}"], tmp_path / "run2"))
+    assert again == rec
+    assert not (tmp_path / "run2" / "results.json").exists()  # nothing trained
+
+
+def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar"):
+    rec = {"version": 1, "model": model, "attention": attention, "seed": seed, "img_size": 32, "epochs": epochs,
+           "top1": top1, "top1_ci95": list(wilson_interval(top1, 5000)), "top5": 0.95, "val_images": 5000,
+           "precision": "bf16-mixed", "commit": "abc1234", "cpu": "Test CPU", "wall_s": 600.0}
+    write_record(record_path(folder / f"{epochs}ep", model, attention, seed), rec)
+
+
+def _benchmark(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, ["backend", "model", "img_size", "batch", "status", "train_img_s", "infer_img_s",
+                               "train_peak_mb", "amp"])
+        w.writeheader()
+        for backend, train_s, mb in rows:
+            w.writerow(dict(backend=backend, model="vit_cifar", img_size=32, batch=128, status="ok",
+                            train_img_s=train_s, infer_img_s=3 * train_s, train_peak_mb=mb, amp="bf16"))
+
+
+def test_ranking_joins_records_with_the_benchmark(tmp_path):
+    _record(tmp_path, "global", 0, 0.60)
+    _record(tmp_path, "global", 1, 0.62)
+    _record(tmp_path, "linear", 0, 0.55)
+    _record(tmp_path, "window", 0, 0.58)
+    _record(tmp_path, "global", 0, 0.70, epochs=10)
+    _benchmark(tmp_path / "benchmark" / "models.csv", [("global", 100.0, 900), ("linear", 150.0, 700)])
+    docs = tmp_path / "results.md"
+    docs.write_text(f"# Results\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    res = rank_records(tmp_path, docs=docs)
+    rows = {(r["attention"], r["epochs"]): r for r in res["rows"]}
+    assert rows[("global", 3)]["top1"] == pytest.approx(61.0) and rows[("global", 3)]["seeds"] == "60.0 / 62.0"
+    assert rows[("linear", 3)]["train_img_s"] == 150.0 and rows[("linear", 3)]["train_peak_mb"] == 700
+    assert rows[("window", 3)]["train_img_s"] is None  # not benchmarked: left empty, never guessed
+    assert [r["attention"] for r in res["rows"] if r["epochs"] == 3] == ["global", "window", "linear"]
+    assert {p.name for p in res["charts"]} == {"accuracy_vs_throughput_3ep.png", "accuracy_vs_throughput_10ep.png"}
+    text = docs.read_text()
+    assert "old" not in text and text.endswith("after\n") and "| global | vit_cifar | 3 | 61.00 |" in text
+    assert top_backends(tmp_path / "3ep", 1, exclude=["global"]) == ["window"]
+
+
+def test_ranking_of_an_empty_folder_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no result records"):
+        rank_records(tmp_path)
+
+
+def test_committed_records_are_readable():
+    folder = ROOT / "results" / "cifar10"
+    if not folder.is_dir():
+        pytest.skip("no committed CIFAR-10 records yet (results/cifar10)")
+    rows = aggregate(read_records(folder))
+    assert rows and all(0.0 <= r["top1"] <= 100.0 for r in rows)

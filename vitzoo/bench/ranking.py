@@ -1,0 +1,208 @@
+"""Accuracy from committed result records joined with speed from the quiet benchmark: the CIFAR-10 ranking.
+
+The sweep (``experiment=zoo_cifar10``) leaves one record per finished job (:mod:`vitzoo.training.records`):
+accuracy, its 95 % interval over the validation images, budget, precision, commit and CPU. Training/inference
+images/s and the per-process training peak memory come from ``scripts/benchmark.py --mode models`` run on a
+quiet machine (its ``models.csv``), joined by (model, attention, image size). Each column of the table says
+where it came from.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from matplotlib.figure import Figure
+
+from vitzoo.bench.compare import pareto_front
+from vitzoo.bench.report import markdown_table, write_csv
+from vitzoo.registry import ConfigError
+from vitzoo.training.records import read_records
+
+BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"  # generated block in a Markdown file
+COLUMNS = ["attention", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
+           "train_peak_mb", "precision", "commit"]
+HEADERS = {"top1": "top-1 % (record)", "top1_ci95": "95 % interval (record)", "seeds": "per seed %",
+           "top5": "top-5 %", "train_img_s": "train img/s (benchmark)", "infer_img_s": "infer img/s (benchmark)",
+           "train_peak_mb": "train peak MB (benchmark)"}
+
+
+def _num(v: Any) -> Optional[float]:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def read_benchmark(path: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """Rows of a benchmark ``models.csv`` keyed by (model, attention, image size); finished rows only.
+
+    Args:
+        path: the ``models.csv`` written by ``scripts/benchmark.py --mode models``.
+    """
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r.get("status") not in (None, "", "ok"):
+                continue
+            try:
+                key = (r["model"], r["backend"], int(float(r["img_size"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+            rows[key] = {"train_img_s": _num(r.get("train_img_s")), "infer_img_s": _num(r.get("infer_img_s")),
+                         "train_peak_mb": _num(r.get("train_peak_mb")), "bench_batch": r.get("batch"),
+                         "bench_amp": r.get("amp")}
+    return rows
+
+
+def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (model, attention, epochs): the mean top-1 over seeds, each seed's top-1 and interval.
+
+    Args:
+        records: :func:`vitzoo.training.records.read_records` output.
+    """
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["attention"], r.get("epochs")), []).append(r)
+    rows = []
+    for (model, attention, epochs), recs in groups.items():
+        recs = sorted(recs, key=lambda r: r.get("seed") or 0)
+        accs = [100 * float(r["top1"]) for r in recs]
+        first = recs[0]
+        low, high = first.get("top1_ci95") or (None, None)
+        rows.append({
+            "model": model, "attention": attention, "epochs": epochs, "img_size": first.get("img_size"),
+            "top1": sum(accs) / len(accs),
+            "top1_ci95": f"{100 * low:.1f}–{100 * high:.1f}" if low is not None else None,
+            "ci_low": 100 * low if low is not None else None, "ci_high": 100 * high if high is not None else None,
+            "seeds": " / ".join(f"{a:.1f}" for a in accs) if len(accs) > 1 else None,
+            "top5": 100 * float(first["top5"]) if first.get("top5") is not None else None,
+            "precision": first.get("precision"), "commit": first.get("commit"), "cpu": first.get("cpu"),
+            "val_images": first.get("val_images"), "images_seen": first.get("images_seen"),
+            "wall_s": sum(float(r.get("wall_s") or 0) for r in recs)})
+    return sorted(rows, key=lambda r: (r["epochs"] or 0, -r["top1"], r["attention"]))
+
+
+def join_benchmark(rows: list[dict[str, Any]], bench: Mapping[tuple[str, str, int], Mapping[str, Any]]) -> None:
+    """Add the benchmark's images/s and peak memory to each row (None where it has no matching row)."""
+    for r in rows:
+        found = bench.get((r["model"], r["attention"], int(r.get("img_size") or 0)), {})
+        for k in ("train_img_s", "infer_img_s", "train_peak_mb"):
+            r[k] = found.get(k)
+
+
+def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
+    """Top-1 against training images/s with 95 % intervals, bubble area = training peak memory, Pareto front.
+
+    Args:
+        rows: :func:`aggregate` rows of one budget, joined with the benchmark.
+        path: PNG to write.
+        title: chart title (name the CPU and the budget).
+    """
+    pts = [r for r in rows if r.get("train_img_s")]
+    fig = Figure(figsize=(11, 6.5))
+    ax = fig.subplots()
+    if not pts:
+        ax.text(0.5, 0.5, "no benchmark rows to place the records on (run scripts/benchmark.py --mode models)",
+                ha="center", transform=ax.transAxes)
+    top = max((r.get("train_peak_mb") or 0) for r in pts) if pts else 1.0
+    for r in pts:
+        x, y = float(r["train_img_s"]), float(r["top1"])
+        size = 40 + 1200 * ((r.get("train_peak_mb") or 0) / top if top else 0.1)
+        ax.scatter(x, y, s=size, alpha=0.4, edgecolors="black", linewidths=0.6)
+        if r.get("ci_low") is not None:
+            ax.errorbar(x, y, yerr=[[y - r["ci_low"]], [r["ci_high"] - y]], fmt="none", ecolor="grey", lw=1)
+        ax.annotate(f"{r['attention']}" + ("" if r["model"] == "vit_cifar" else f" ({r['model']})"), (x, y),
+                    fontsize=8, ha="left", va="bottom", xytext=(4, 3), textcoords="offset points")
+    if pts:
+        xy = [(float(r["train_img_s"]), float(r["top1"])) for r in pts]
+        front = pareto_front(xy)
+        ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "--", color="crimson", lw=1.5,
+                label="Pareto front (faster and more accurate)")
+        ax.legend(fontsize=8, loc="lower left")
+    ax.set_xlabel("training images/s (scripts/benchmark.py, quiet machine)")
+    ax.set_ylabel("top-1 validation accuracy (%), 95 % interval")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _budget_name(epochs: Any) -> str:
+    return f"{epochs} epochs" if epochs is not None else "unknown budget"
+
+
+def _fmt(rows: Sequence[Mapping[str, Any]]) -> str:
+    return markdown_table(list(rows), COLUMNS, HEADERS)
+
+
+def replace_block(markdown: Path, text: str) -> None:
+    """Replace the generated block between :data:`BEGIN` and :data:`END` in ``markdown`` with ``text``."""
+    content = markdown.read_text()
+    if BEGIN not in content or END not in content:
+        raise ConfigError(f"--docs {markdown}: no '{BEGIN}' ... '{END}' block to replace")
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    markdown.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", content, count=1))
+
+
+def top_backends(folder: Any, k: int, exclude: Sequence[str] = (), epochs: Optional[int] = None) -> list[str]:
+    """The ``k`` most accurate backends of ``vit_cifar`` in the records under ``folder`` (for follow-up runs).
+
+    Args:
+        folder: record folder.
+        k: how many names.
+        exclude: backends left out (e.g. ``global``, ``window``, which the plan runs anyway).
+        epochs: only records of this budget (None: any).
+    """
+    rows = [r for r in aggregate(read_records(folder)) if r["model"] == "vit_cifar" and r["attention"] not in exclude
+            and (epochs is None or r["epochs"] == epochs)]
+    return [r["attention"] for r in sorted(rows, key=lambda r: -r["top1"])[:k]]
+
+
+def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any] = None,
+                 docs: Optional[Any] = None) -> dict[str, Any]:
+    """Tables (Markdown + CSV) and one chart per budget from the records under ``folder``.
+
+    Args:
+        folder: record folder (e.g. ``results/cifar10``).
+        benchmark: the quiet benchmark's ``models.csv`` (default ``<folder>/benchmark/models.csv`` if present).
+        out: where the tables and charts go (default ``folder``).
+        docs: a Markdown file whose generated block receives the tables and chart links.
+    """
+    folder = Path(folder)
+    rows = aggregate(read_records(folder))
+    if not rows:
+        raise ConfigError(f"{folder}: no result records (seed*.json) found")
+    bench_path = Path(benchmark) if benchmark else folder / "benchmark" / "models.csv"
+    join_benchmark(rows, read_benchmark(bench_path) if bench_path.is_file() else {})
+    out = Path(out) if out else folder
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, COLUMNS + ["img_size", "val_images", "images_seen", "wall_s", "cpu"], out / "ranking.csv")
+    cpus = sorted({str(r.get("cpu")) for r in rows})
+    parts, charts = [], []
+    for epochs in sorted({r["epochs"] for r in rows}, key=lambda e: e or 0):
+        sub = [r for r in rows if r["epochs"] == epochs]
+        png = plot_ranking(sub, out / f"accuracy_vs_throughput_{epochs}ep.png",
+                           f"CIFAR-10, {_budget_name(epochs)}, {sub[0].get('val_images')} validation images; "
+                           f"{', '.join(cpus)}")
+        charts.append(png)
+        parts.append(f"**{_budget_name(epochs)}** ({len(sub)} runs, "
+                     f"{sum(r['wall_s'] for r in sub) / 3600:.1f} CPU hours of training)\n\n{_fmt(sub)}\n\n"
+                     f"![accuracy vs throughput, {_budget_name(epochs)}]({png.name})")
+    text = (f"Records: `{folder}` ({', '.join(cpus)}). Accuracy from the records; images/s and peak memory from "
+            f"`{bench_path}`" + ("" if bench_path.is_file() else " (not measured yet)") + ".\n\n" + "\n\n".join(parts))
+    (out / "ranking.md").write_text(text + "\n")
+    if docs:
+        rel = Path(docs).resolve().parent
+        linked = text
+        for png in charts:
+            linked = linked.replace(f"]({png.name})", f"]({os.path.relpath(png.resolve(), rel)})")
+        replace_block(Path(docs), linked)
+    return {"rows": rows, "md": out / "ranking.md", "csv": out / "ranking.csv", "charts": charts, "text": text}
+
