@@ -175,7 +175,7 @@ def test_project_files_are_found():
 
 @pytest.mark.parametrize("group", ["docs", "code", "tests"])
 def test_no_development_history_or_machine_paths(group):
-    """No project file tells how the work went (stops, sittings, issue numbers, "today") or names one machine's paths."""
+    """No project file tells how the work went (stops, sittings, issue numbers, "today") or names a machine's paths."""
     hits = []
     for path in project_files():
         relative = path.relative_to(ROOT).as_posix()
