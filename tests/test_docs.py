@@ -1,6 +1,6 @@
 """Each backend's class attribute ``formula`` is the one source of its cost text.
 
-README.md's "Attention backends" table and the first line of ``configs/attention/<name>.yaml``
+docs/backends.md's "Attention backends" table and the first line of ``configs/attention/<name>.yaml``
 repeat it; these tests keep both copies equal to the class attribute, and the table's rows equal
 to the registry.
 """
@@ -11,21 +11,21 @@ import re
 import pytest
 from conftest import ATTENTION_NAMES, CONFIGS, attention_classes, make_attention
 
-README = CONFIGS.parent / "README.md"
+BACKENDS_DOC = CONFIGS.parent / "docs" / "backends.md"
 ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \| ([^|]*) \| ([^|]*) \|")
 FLAGS = ("fixed_length", "takes_bias")  # capability flags the table's "notes" column lists
 
 
 def readme_rows() -> dict[str, tuple[str, str, str]]:
-    """``{backend: (formula, growth, notes)}`` from the rows of README.md's "Attention backends" table."""
-    text = README.read_text(encoding="utf-8")
+    """``{backend: (formula, growth, notes)}`` from the rows of docs/backends.md's "Attention backends" table."""
+    text = BACKENDS_DOC.read_text(encoding="utf-8")
     section = text.split("## Attention backends", 1)[1].split("\n## ", 1)[0]
     rows = [ROW.match(line) for line in section.splitlines()]
     return {m.group(1): (m.group(2), m.group(3).strip(), m.group(4).strip()) for m in rows if m}
 
 
 def readme_formulas() -> dict[str, str]:
-    """``{backend: formula}`` from README.md's table."""
+    """``{backend: formula}`` from docs/backends.md's table."""
     return {name: row[0] for name, row in readme_rows().items()}
 
 
