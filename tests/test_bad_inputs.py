@@ -23,14 +23,14 @@ from vitzoo.export import export_model
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, train
 from vitzoo.training.cli import check_group_choices
-from vitzoo.training.data import ImageFolderDataModule
+from vitzoo.data.datamodules import ImageFolderDataModule
 
 TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
         "callbacks.rich_progress_bar=null", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1"]
 HPARAMS = {"model": {"name": "vit_cifar", "img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2, "num_classes": 10},
            "attention": {"name": "global"}, "optim": None, "data": None}
-DIGITS = {"_target_": "vitzoo.training.data.DigitsDataModule", "name": "digits", "img_size": 32, "num_classes": 10,
+DIGITS = {"_target_": "vitzoo.data.datamodules.DigitsDataModule", "name": "digits", "img_size": 32, "num_classes": 10,
           "batch_size": 32, "num_workers": 0, "flip": False, "augment": False}
 
 
@@ -210,7 +210,7 @@ def disk_full(tmp_path, monkeypatch):
     def no_space(model, filename, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
 
-    monkeypatch.setattr("vitzoo.export._save_safetensors", no_space)
+    monkeypatch.setattr("vitzoo.export.files._save_safetensors", no_space)
     run_train(tmp_path)
 
 

@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from vitzoo.registry import ConfigError
-from vitzoo.training.augment import BatchAugment, random_crop
-from vitzoo.training.data import ImageFolderDataModule
+from vitzoo.data.augment import BatchAugment, random_crop
+from vitzoo.data.datamodules import ImageFolderDataModule
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 

@@ -9,13 +9,9 @@ from conftest import CIFAR_ROOT
 from PIL import Image
 
 from vitzoo.registry import ConfigError
-from vitzoo.training.data import (
-    CIFARDataModule,
-    DigitsDataModule,
-    ImageFolderDataModule,
-    build_transform,
-    stratified_split,
-)
+from vitzoo.data.datamodules import CIFARDataModule, DigitsDataModule, ImageFolderDataModule
+from vitzoo.data.datasets import stratified_split
+from vitzoo.data.transforms import build_transform
 
 
 def digits(**kw):

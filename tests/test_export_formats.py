@@ -14,8 +14,8 @@ from conftest import ATTENTION_NAMES, attention_yaml
 from PIL import Image
 
 import vitzoo
-from vitzoo.export_formats import CHECK_BATCHES, TOLERANCE, export_format
-from vitzoo.inference import image_files, load_predictor, predict_files
+from vitzoo.export.formats import CHECK_BATCHES, TOLERANCE, export_format
+from vitzoo.export.predict import image_files, load_predictor, predict_files
 
 SMALL = {"vit_cifar": dict(depth=1, embed_dim=32, num_heads=2),
          "swin_cifar": dict(depths=[1, 1], num_heads=[2, 4], embed_dim=32)}

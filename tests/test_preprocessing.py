@@ -11,7 +11,7 @@ SAVED = {"name": "imagefolder", "img_size": 32, "mean": [0.4914, 0.4822, 0.4465]
          "classes": [str(i) for i in range(10)]}
 CKPT = {"hyper_parameters": {"model": {"name": "vit_cifar", "img_size": 32, "num_classes": 10}, "attention": None,
                              "optim": {}, "data": SAVED},
-        "config": {"data": {"_target_": "vitzoo.training.data.ImageFolderDataModule", "name": "imagefolder",
+        "config": {"data": {"_target_": "vitzoo.data.datamodules.ImageFolderDataModule", "name": "imagefolder",
                             "root": "/x", "img_size": 32, "mean": SAVED["mean"], "std": SAVED["std"]}}}
 
 

@@ -44,7 +44,7 @@ def tiny(model="vit_cifar", attention="global", extra=()):
 
 
 def digits_batch(n=16):
-    from vitzoo.training.data import DigitsDataModule
+    from vitzoo.data.datamodules import DigitsDataModule
 
     dm = DigitsDataModule(name="digits", img_size=32, num_classes=10, flip=False)
     dm.setup()
@@ -137,7 +137,7 @@ def assert_attention_matters(net, x, model):
 
 
 def digits_tensors(img_size=16):
-    from vitzoo.training.data import DigitsDataModule
+    from vitzoo.data.datamodules import DigitsDataModule
 
     dm = DigitsDataModule(name="digits", img_size=img_size, num_classes=10, flip=False, augment=False)
     dm.setup()

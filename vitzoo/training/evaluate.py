@@ -22,7 +22,8 @@ from rich.table import Table
 from vitzoo.flops import count_flops
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
-from vitzoo.training.safe_load import checkpoint_hparams, module_from_checkpoint, safe_instantiate, saved_data_config
+from vitzoo.training.module import module_from_checkpoint
+from vitzoo.training.safe_load import checkpoint_hparams, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
 from vitzoo.training.utils import (
     benchmark_config,

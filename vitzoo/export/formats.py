@@ -7,7 +7,7 @@ stay within :data:`TOLERANCE`). A backend that cannot be exported gets a one-lin
 
 ONNX needs the optional ``export`` extra (``pip install -e ".[export]"``: onnx, onnxscript, onnxruntime).
 
->>> from vitzoo.export_formats import export_format
+>>> from vitzoo.export import export_format
 >>> export_format(model, "run/export", "onnx")      # -> run/export/model.onnx, max |diff| printed
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from rich.console import Console
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
 
 FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "pt2": "model.pt2"}  # format -> file name
@@ -142,8 +143,6 @@ def export_format(model: nn.Module, out_dir: str | Path, fmt: str) -> tuple[Path
         ExportError: the format cannot express an op of the model, the runtime cannot run it, or the
             file's outputs differ from eager by more than :data:`TOLERANCE`.
     """
-    from vitzoo.export import attention_spec
-
     path = Path(out_dir) / FILES[fmt]
     backend = attention_spec(model)["name"]
     was = model.training

@@ -31,6 +31,7 @@ from rich.console import Console
 from timm.layers import resample_abs_pos_embed, resample_patch_embed, resize_rel_pos_bias_table
 from torch import Tensor, nn
 
+from vitzoo.models.factory import build_model, model_config
 from vitzoo.models.swin import SwinConfig
 from vitzoo.registry import ConfigError
 
@@ -231,11 +232,9 @@ def create_pretrained(name: str, attention: Any, source: str, **overrides: Any) 
 
     The model keeps the report as ``model.pretrained_report``.
     """
-    from vitzoo.models import create_model, model_config
-
     family = "swin" if isinstance(model_config(name, **overrides), SwinConfig) else "vit"
     state, facts = read_source(str(source), family)
-    model = create_model(name, attention=attention, **{**overrides, **facts})
+    model = build_model(name, attention=attention, **{**overrides, **facts})
     report = load_pretrained(model, state, str(source))
     report.print()
     model.pretrained_report = report

@@ -1,13 +1,11 @@
 """Lightning DataModules: ``digits`` (offline default), ``cifar10`` / ``cifar100`` (torchvision) and
 ``imagefolder`` (ImageNet layout: ``train/<class>/*`` and ``val/<class>/*``).
 
-Augmentation: at small sizes (``img_size <= 64``) random crop with padding ``img_size // 8`` (4 px at
-32 px) and horizontal flip; at larger sizes timm's ``create_transform`` (random resized crop, flip,
-optional RandAugment). Validation images are only resized and normalised.
+Augmentation and evaluation resizing: :func:`vitzoo.data.transforms.build_transform`.
 
-Small images can be decoded once (``data.cache``: one uint8 tensor, see :mod:`vitzoo.training.cache`) and
+Small images can be decoded once (``data.cache``: one uint8 tensor, see :mod:`vitzoo.data.cache`) and
 augmented and normalised batched on the training device (``data.device_augment``: the loader yields
-uint8 batches, :class:`~vitzoo.training.augment.BatchAugment` runs in ``on_after_batch_transfer``).
+uint8 batches, :class:`~vitzoo.data.augment.BatchAugment` runs in ``on_after_batch_transfer``).
 
 Every problem a user can fix (missing folder, offline download) is a one-line
 :class:`~vitzoo.registry.ConfigError` naming the option (``data.root``, ``data.download``), raised by
@@ -21,139 +19,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import pytorch_lightning as pl
 import torch
-from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.transforms import v2
 
+from vitzoo.data.augment import BatchAugment
+from vitzoo.data.cache import Transformed, cached_images
+from vitzoo.data.datasets import EpochShuffle, TensorImages, image_folder, keep_batch, stratified_split
+from vitzoo.data.transforms import SMALL_IMAGE, build_transform
 from vitzoo.registry import ConfigError
-from vitzoo.training.augment import BatchAugment
-from vitzoo.training.cache import Transformed, cached_images
-
-SMALL_IMAGE = 64  # at or below this side, crop+flip augmentation; above it, timm's create_transform
-
-
-def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], train: bool, flip: bool = True,
-                    auto_augment: Optional[str] = None, crop_pct: Optional[float] = None,
-                    use_timm: Optional[bool] = None) -> Callable:
-    """Image (PIL or ``[3, H, W]`` tensor in [0, 1]) -> normalised ``[3, img_size, img_size]`` float tensor.
-
-    Args:
-        img_size: output side in pixels.
-        mean, std: per-channel normalisation.
-        train: training augmentation (crop/flip, or timm's random resized crop) instead of eval resizing.
-        flip: random horizontal flip while training (off for digits).
-        auto_augment: timm policy string (e.g. ``rand-m9-mstd0.5-inc1``), used above :data:`SMALL_IMAGE` px.
-        crop_pct: eval centre-crop fraction for the timm path (None: timm's default 0.875).
-        use_timm: timm's transform (PIL input) or the small-image path (PIL or tensor); None: by ``img_size``.
-    """
-    if use_timm if use_timm is not None else img_size > SMALL_IMAGE:
-        from timm.data import create_transform
-
-        return create_transform(img_size, is_training=train, mean=tuple(mean), std=tuple(std), hflip=0.5 if flip else 0.0,
-                                auto_augment=auto_augment, crop_pct=crop_pct, interpolation="bicubic")
-    steps: list[Any] = [v2.ToImage(), v2.Resize((img_size, img_size), antialias=True)]
-    if train:
-        steps.append(v2.RandomCrop(img_size, padding=img_size // 8))
-        if flip:
-            steps.append(v2.RandomHorizontalFlip())
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
-    return v2.Compose(steps)
-
-
-class TensorImages(Dataset):
-    """In-memory images ``[N, 3, H, W]`` (float in [0, 1] or uint8) with integer labels ``[N]``.
-
-    ``__getitems__`` (what a DataLoader calls with a whole batch of indices) returns
-    ``(indices, labels, self)`` without touching the images: after the transfer,
-    :meth:`on_device` holds the images on the training device (copied there once) and the batch is
-    gathered there, so an epoch never moves images between host and device. Use it with
-    ``collate_fn=keep_batch``.
-
-    Args:
-        images: ``[N, 3, H, W]``.
-        labels: ``[N]`` class indices.
-    """
-
-    def __init__(self, images: Tensor, labels: Tensor):
-        self.images, self.labels = images, labels
-        self.resident: Optional[Tensor] = None  # the images on the training device (see on_device)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        return self.images[i], int(self.labels[i])
-
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor, "TensorImages"]:
-        idx = torch.as_tensor(indices, dtype=torch.int64)
-        return idx, self.labels[idx], self
-
-    def on_device(self, device: torch.device) -> Tensor:
-        """All images on ``device`` (copied there on the first call, then kept)."""
-        if self.resident is None or self.resident.device != device:
-            self.resident = self.images.to(device)
-        return self.resident
-
-
-def keep_batch(batch: Any) -> Any:
-    """DataLoader ``collate_fn`` for datasets whose ``__getitems__`` already returns a batch."""
-    return batch
-
-
-class EpochShuffle(RandomSampler):
-    """A random order that depends only on ``(seed, epoch)`` (Lightning calls :meth:`set_epoch`): a run resumed
-    from a checkpoint sees the same order in every later epoch as an uninterrupted run.
-
-    Args:
-        data: the dataset to sample.
-        seed: base seed (the run's ``seed``).
-    """
-
-    def __init__(self, data: Dataset, seed: int):
-        super().__init__(data, generator=torch.Generator().manual_seed(seed))
-        self.seed = seed
-
-    def set_epoch(self, epoch: int) -> None:
-        self.generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-
-
-def read_rgb(path: str) -> Any:
-    """Open an image file as RGB (greyscale, palette and CMYK are converted); an unreadable file is one line."""
-    from PIL import Image
-
-    try:
-        with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read image {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                          f"remove or replace it under data.root") from None
-
-
-def image_folder(folder: Path) -> Any:
-    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb`); one-line errors naming data.root."""
-    from torchvision.datasets import ImageFolder
-
-    try:
-        return ImageFolder(str(folder), loader=read_rgb)
-    except FileNotFoundError as e:  # no class folders, or class folders without images
-        raise ConfigError(f"data.root: {folder} holds no images in <class>/ folders ({str(e).split('.')[0]}); "
-                          f"point data.root at a folder with train/<class>/*.jpg") from None
-    except OSError as e:
-        raise ConfigError(f"data.root: cannot read {folder} ({e.strerror or type(e).__name__}); check its permissions") from None
-
-
-def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices of a fixed, class-balanced train/val split (same seed -> same split)."""
-    if not 0 < val_fraction < 1:
-        raise ConfigError(f"data.val_fraction must be in (0, 1) (got {val_fraction})")
-    idx = list(range(len(targets)))
-    try:
-        train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
-    except ValueError as e:  # too few images for a class-balanced split
-        raise ConfigError(f"cannot hold out data.val_fraction={val_fraction} of {len(idx)} images class-balanced "
-                          f"({str(e).splitlines()[0]}); raise data.val_fraction or add a val/ folder") from None
-    return sorted(train_idx), sorted(val_idx)
 
 
 class ImageDataModule(pl.LightningDataModule):

@@ -1,6 +1,6 @@
 """Export a trained model as ``model.safetensors`` + ``config.json``, and load it back without Lightning.
 
->>> from vitzoo.export import export_model, load_model
+>>> from vitzoo.export import export_model, load_model, preprocess
 >>> export_model(model, "run/export", data={"img_size": 32, "mean": [...], "std": [...]})
 >>> model = load_model("run/export")          # or the .safetensors file, or config.json
 >>> logits = model(preprocess(model)(pil_image)[None])  # the model's own resize + mean/std
@@ -18,6 +18,8 @@ from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
 from torch import nn
 
+from vitzoo.data.transforms import build_transform
+from vitzoo.export.formats import check_formats, export_format
 from vitzoo.models import attention_spec, create_model, model_kwargs
 from vitzoo.registry import ConfigError
 from vitzoo.untrusted import export_options, load_weights, read_json
@@ -33,12 +35,10 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dic
         model: a model from :func:`vitzoo.create_model` (it knows its ``variant``, ``cfg`` and ``attention_cfg``).
         out_dir: folder to write (created).
         data: preprocessing facts to keep with the weights (img_size, mean, std, classes).
-        formats: also ``onnx``, ``torchscript``, ``pt2`` (:mod:`vitzoo.export_formats`: each file is
+        formats: also ``onnx``, ``torchscript``, ``pt2`` (:mod:`vitzoo.export.formats`: each file is
             checked against eager; ``ExportError`` names the format and op that fail).
             ``model.safetensors`` and ``config.json`` are always written.
     """
-    from vitzoo.export_formats import check_formats, export_format
-
     formats = check_formats(list(formats))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,8 +92,6 @@ def preprocess(model: nn.Module) -> Any:
     Args:
         model: a model from :func:`load_model` (its ``export_config["data"]`` holds img_size, mean, std).
     """
-    from vitzoo.training.data import build_transform
-
     data = getattr(model, "export_config", {}).get("data") or {}
     missing = [k for k in ("img_size", "mean", "std") if data.get(k) is None]
     if missing:

@@ -1,8 +1,11 @@
-"""Inference from a training checkpoint or an export folder: the model (eager or ONNX) and its preprocessing.
+"""Inference from an export folder: the model (eager or ONNX) and its preprocessing.
 
->>> from vitzoo.inference import load_predictor, predict_files
+>>> from vitzoo.export import load_predictor, predict_files
 >>> predictor = load_predictor("outputs/.../export", backend="onnx")
 >>> for path, top in predict_files(predictor, ["cat.jpg"]): print(path, top)
+
+A training checkpoint becomes a :class:`Predictor` with
+``Predictor(*vitzoo.training.load_checkpoint_net(ckpt_path))``.
 """
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from vitzoo.data.transforms import build_transform
+from vitzoo.export.files import load_model
+from vitzoo.export.formats import FILES, read_onnx
 from vitzoo.registry import ConfigError
 
 IMAGE_TYPES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif")
@@ -33,47 +39,29 @@ class Predictor:
     data: dict[str, Any]
 
 
-def load_checkpoint_net(ckpt_path: str | Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The backbone of a vitzoo training checkpoint (eval mode) and the data description it was trained with."""
-    from vitzoo.training.module import VitModule
-    from vitzoo.training.utils import read_checkpoint
-
-    ckpt = read_checkpoint(ckpt_path)
-    module = VitModule(**ckpt["hyper_parameters"])
-    module.load_state_dict(ckpt["state_dict"])
-    return module.net.eval(), dict(ckpt["hyper_parameters"].get("data") or {})
-
-
 def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
-    """A :class:`Predictor` from a ``.ckpt`` file or an export folder.
+    """A :class:`Predictor` from an export folder.
 
     Args:
-        path: a Lightning checkpoint or an export folder (``config.json`` + ``model.safetensors`` / ``model.onnx``).
-        backend: ``safetensors`` (eager vitzoo model) or ``onnx`` (onnxruntime on ``model.onnx``; export folders only).
+        path: an export folder (``config.json`` + ``model.safetensors`` / ``model.onnx``) or a file in it.
+        backend: ``safetensors`` (eager vitzoo model) or ``onnx`` (onnxruntime on ``model.onnx``).
     """
     p = Path(path).expanduser()
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend} is unknown; choose one of {', '.join(BACKENDS)}")
     if p.suffix == ".ckpt":
-        if backend != "safetensors":
-            raise ConfigError(f"backend={backend} needs an export folder; export the checkpoint with scripts/export.py")
-        net, data = load_checkpoint_net(p)
-        return Predictor(net, data)
+        raise ConfigError(f"{p} is a training checkpoint; export it with scripts/export.py ckpt_path={p}")
     folder = p if p.is_dir() else p.parent
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise ConfigError(f"{p} is neither a .ckpt file nor an export folder with config.json")
+        raise ConfigError(f"{p} is not an export folder with config.json")
     data = json.loads(config_file.read_text()).get("data") or {}
     if backend == "onnx":
-        from vitzoo.export_formats import FILES, read_onnx
-
         onnx_file = folder / FILES["onnx"]
         if not onnx_file.is_file():
             raise ConfigError(f"backend=onnx: no {onnx_file}; export it with scripts/export.py formats=[onnx]")
         return Predictor(read_onnx(onnx_file), data)
-    import vitzoo
-
-    return Predictor(vitzoo.load_model(folder), data)
+    return Predictor(load_model(folder), data)
 
 
 def image_files(inputs: list[str]) -> list[Path]:
@@ -101,8 +89,6 @@ def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
     """
     from PIL import Image
 
-    from vitzoo.training.data import build_transform
-
     d = predictor.data
     if not {"img_size", "mean", "std"} <= set(d):
         raise ConfigError("the model has no saved preprocessing (data.img_size/mean/std); export it from a training run")
@@ -118,4 +104,4 @@ def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
             yield f, [(classes[i] if i < len(classes) else str(i), v) for i, v in zip(ids, vs)]
 
 
-__all__ = ["Predictor", "image_files", "load_checkpoint_net", "load_predictor", "predict_files"]
+__all__ = ["Predictor", "image_files", "load_predictor", "predict_files"]
