@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import require_cpu_kernel
+from conftest import CONFIGS, require_cpu_kernel
 
 from vitzoo.attention import list_attention
 from vitzoo.bench import (
@@ -303,7 +303,7 @@ def test_goals_mark_met_and_missed():
 
 
 def test_matmul_peak_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("VITZOO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VITZOO_CACHE", str(tmp_path / "cache"))
     calls = []
     monkeypatch.setattr(mfu_module, "_time_matmul", lambda n, dtype, device: calls.append(dtype) or 0.5)
     first = mfu_module.matmul_peak("cpu", "bf16")
@@ -398,11 +398,11 @@ def test_sweep_covers_every_backend():
     from hydra import compose, initialize_config_dir
 
     import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs train.yaml composes)
-    yamls = {p.stem for p in (ROOT / "configs" / "attention").glob("*.yaml")}
+    yamls = {p.stem for p in (CONFIGS / "attention").glob("*.yaml")}
     assert set(list_attention()) <= yamls
-    if not (ROOT / "configs" / "train.yaml").exists():
+    if not (CONFIGS / "train.yaml").exists():
         pytest.skip("configs/train.yaml not present")
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         for name, data in (("zoo_digits", "digits"), ("zoo_cifar10", "imagefolder")):
             cfg = compose("train", overrides=[f"experiment={name}"], return_hydra_config=True)
             assert cfg.hydra.sweeper.params.attention == "glob(*)"

@@ -22,7 +22,7 @@ def smoke(tmp_path_factory):
     """One smoke run of every step (about 10 s on 2 cores)."""
     out = tmp_path_factory.mktemp("gpu_checks")
     mp = pytest.MonkeyPatch()
-    mp.setenv("VITZOO_CACHE_DIR", str(out / "cache"))
+    mp.setenv("VITZOO_CACHE", str(out / "cache"))
     try:
         run = run_gpu_checks(GpuCheckOptions(out=str(out), device="cpu", smoke=True, budget_s=600), log=lambda m: None)
     finally:
