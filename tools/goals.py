@@ -1,4 +1,6 @@
-"""The benchmark's goals, each reported met / missed / not measured (never asserted: tests don't time).
+"""Targets for a benchmark run, each reported met / missed / not measured (never asserted: tests don't time).
+
+    python tools/goals.py outputs/benchmark/<timestamp>    # -> goals.csv, goals.md, a section of report.md
 
 * models: vitzoo's ViT (``global``) and Swin (``window``) at least as fast as their timm twins;
 * layers at :data:`GOAL_TOKENS` tokens: every linear-cost backend keeps at least :data:`GOAL_SHARE`
@@ -13,11 +15,17 @@ sides of the target is marked "within noise".
 """
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 from vitzoo.bench.options import BenchOptions
 from vitzoo.bench.references import MODEL_REFERENCES
+from vitzoo.bench.report import markdown_table, write_csv
+
+GOAL_COLUMNS = ["goal", "measured", "target", "status"]
 
 GOAL_TOKENS = 4096
 GOAL_SHARE = 0.5  # time ratio / FLOPs ratio of a linear-cost backend at GOAL_TOKENS
@@ -131,7 +139,7 @@ def _layer_goals(layers: Rows) -> list[Goal]:
 
 
 def goal_rows(models: Rows, layers: Rows, refs: Rows, opts: BenchOptions) -> list[Goal]:
-    """The issue's goals, each met / missed / not measured (reported, never asserted).
+    """The goals, each met / missed / not measured (reported, never asserted).
 
     Args:
         models: model rows (unused by the current goals; kept so every table can feed a goal).
@@ -140,3 +148,25 @@ def goal_rows(models: Rows, layers: Rows, refs: Rows, opts: BenchOptions) -> lis
         opts: the run's options (to say why a goal was not measured).
     """
     return _model_goals(refs, opts) + _layer_goals(layers)
+
+
+def write_goals(out: Path) -> list[Goal]:
+    """The goals of the benchmark run in ``out`` (its ``results.json``), written as ``goals.csv``,
+    ``goals.md`` and a ``## goals`` section of ``report.md``.
+
+    Args:
+        out: a folder written by :func:`vitzoo.bench.run.run_benchmark`.
+    """
+    result = json.loads((out / "results.json").read_text())
+    opts = BenchOptions(**result["environment"]["options"])
+    goals = goal_rows(result["models"], result["layers"], result["references"], opts)
+    write_csv(goals, GOAL_COLUMNS, out / "goals.csv")
+    table = markdown_table(goals, GOAL_COLUMNS)
+    (out / "goals.md").write_text(table + "\n")
+    with (out / "report.md").open("a") as report:
+        report.write(f"\n## goals\n\n{table}\n")
+    return goals
+
+
+if __name__ == "__main__":
+    print(markdown_table(write_goals(Path(sys.argv[1])), GOAL_COLUMNS))

@@ -1,5 +1,5 @@
 """A vitzoo module as it is at another git revision, imported beside the working tree's (for the A/B
-timing scripts ``scripts/ab_kernel_core.py`` and ``scripts/ab_module.py``)."""
+timing scripts ``tools/ab_kernel_core.py`` and ``tools/ab_module.py``)."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from vitzoo.bench.environment import ROOT
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 
 def load_revision(module: str, rev: str) -> ModuleType:

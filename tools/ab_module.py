@@ -8,8 +8,8 @@ weights on the same input with the benchmark's steady malloc thresholds. Prints 
 the input gradient (layer) or of the parameter gradients (model), the median time of each side and the
 ratio per block pair (the machine's drift cancels in a ratio measured this way).
 
-    python scripts/ab_module.py --rev HEAD~1 --module vitzoo.attention._gather --attention bigbird --tokens 4096
-    python scripts/ab_module.py --rev HEAD~1 --module vitzoo.attention._window_core --model swin_cifar --attention window
+    python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention._gather --attention bigbird --tokens 4096
+    python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention._window_core --model swin_cifar --attention window
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from types import ModuleType
 from typing import Callable
 
 import torch
+from revision import load_revision  # tools/ is the script's import path
 
 from vitzoo.bench.memory import _malloc_live
-from vitzoo.bench.revision import load_revision
 from vitzoo.bench.timing import time_fns
 
 

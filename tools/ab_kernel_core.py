@@ -6,9 +6,9 @@ One (image, head)-chunked forward + backward of ``kernel_attention_qkv`` on ``qk
 thresholds. Prints both versions' largest output/gradient difference and the median time of each,
 and the ratio per block pair (the machine's drift cancels in a ratio measured this way). Where the compiled
 kernel is built, both sides run it for ``exp`` and ``fourier``: set ``VITZOO_CPU_KERNELS=0`` to time the PyTorch
-paths (``scripts/ab_cpu_kernel.py`` times the kernel against the PyTorch path).
+paths (``tools/ab_cpu_kernel.py`` times the kernel against the PyTorch path).
 
-    python scripts/ab_kernel_core.py --kind exp --tokens 4096 --rev HEAD~1
+    python tools/ab_kernel_core.py --kind exp --tokens 4096 --rev HEAD~1
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import sys
 from types import ModuleType
 
 import torch
+from revision import load_revision  # tools/ is the script's import path
 
 from vitzoo.bench.memory import _malloc_live
-from vitzoo.bench.revision import load_revision
 from vitzoo.bench.timing import time_fns
 
 CORE = "vitzoo.attention._kernel_core"

@@ -14,7 +14,7 @@ from vitzoo.bench import gpu_checks
 from vitzoo.bench.gpu_checks import SIZES, STEPS, GpuCheckOptions, fixed_pattern_backends, run_gpu_checks
 from vitzoo.registry import ConfigError
 
-ROOT = gpu_checks.Path(__file__).resolve().parents[1]
+ROOT = gpu_checks.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

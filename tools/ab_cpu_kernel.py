@@ -1,14 +1,14 @@
 """A/B timing of vitzoo's compiled CPU kernels against the PyTorch path, in one process.
 
 Alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) of one attention layer as
-``scripts/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernels
+``tools/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernels
 (:mod:`vitzoo.attention._cpp`: block attention for the fixed patterns, random features for performer and rfa)
 switched by ``VITZOO_CPU_KERNELS`` between blocks; training steps (forward + backward) or inference
 (``torch.no_grad``).
 Prints the largest difference of the input gradient (train) or output (infer) and the per-block ratios
 (PyTorch path time / kernel time).
 
-    python scripts/ab_cpu_kernel.py --attention bigbird,local,performer,rfa --tokens 4096 --mode train infer
+    python tools/ab_cpu_kernel.py --attention bigbird,local,performer,rfa --tokens 4096 --mode train infer
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os
 from typing import Callable
 
 import torch
-from ab_module import layer_step  # scripts/ is the script's import path
+from ab_module import layer_step  # tools/ is the script's import path
 
 from vitzoo.attention import _cpp
 from vitzoo.bench.memory import _malloc_live
