@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vitzoo.attention.base import Grid, TokenMixer
-from vitzoo.layers.costs import layernorm_flops, linear_flops
+from vitzoo.costs import layernorm_flops, linear_flops
 from vitzoo.flops.formula import with_symbols
 from vitzoo.flops.handles import flop_analysis
 from vitzoo.flops.torch_counter import TORCH_COUNTED_OPS, torch_flops

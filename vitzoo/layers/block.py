@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, build_attention
 from vitzoo.attention.base import Grid
-from vitzoo.layers.costs import layernorm_flops
+from vitzoo.costs import layernorm_flops
 
 
 class Block(nn.Module):

@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
+from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
-from vitzoo.layers.costs import layernorm_flops
 from vitzoo.models.factory import register_model
 
 
