@@ -11,8 +11,7 @@ Checkpoints are read with ``torch.load(weights_only=True)`` (no pickled objects)
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import torch
 from hydra.errors import InstantiationException
