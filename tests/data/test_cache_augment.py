@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from vitzoo.registry import ConfigError
 from vitzoo.data.augment import BatchAugment, random_crop
 from vitzoo.data.datamodules import ImageFolderDataModule
+from vitzoo.registry import ConfigError
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 

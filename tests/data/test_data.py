@@ -8,10 +8,10 @@ import torch
 from conftest import CIFAR_ROOT
 from PIL import Image
 
-from vitzoo.registry import ConfigError
 from vitzoo.data.datamodules import CIFARDataModule, DigitsDataModule, ImageFolderDataModule
 from vitzoo.data.datasets import stratified_split
 from vitzoo.data.transforms import build_transform
+from vitzoo.registry import ConfigError
 
 
 def digits(**kw):

@@ -19,11 +19,11 @@ from conftest import ROOT, compose_cfg
 from PIL import Image
 
 import vitzoo
+from vitzoo.data.datamodules import ImageFolderDataModule
 from vitzoo.export import export_model
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, train
 from vitzoo.training.cli import check_group_choices
-from vitzoo.data.datamodules import ImageFolderDataModule
 
 TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from vitzoo.data.transforms import build_transform
 from vitzoo.export.files import load_model
