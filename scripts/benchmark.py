@@ -3,7 +3,7 @@
 
 Examples (from the repository root):
 
-    # everything: models (vit_cifar, swin_cifar x every backend), timm references, layer scaling, goals
+    # everything: models (vit_cifar, swin_cifar x every backend), timm references, layer scaling
     python scripts/benchmark.py
     # only the single-layer scaling at 256..16384 tokens
     python scripts/benchmark.py --mode layers
@@ -11,8 +11,8 @@ Examples (from the repository root):
     python scripts/benchmark.py --mode models --attention global,window,performer \
         --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
 
-Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers``, ``references`` and
-``goals`` as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, ``environment.json``
+Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers`` and ``references``
+as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, ``environment.json``
 (versions, CPU/GPU, threads, load, options), ``results.json`` (every row); how each is measured: :mod:`vitzoo.bench`.
 """
 import argparse

@@ -45,7 +45,7 @@ def parse(argv: list[str]) -> dict[str, Any]:
 def load(path: Path) -> tuple[Any, dict[str, Any], Path]:
     """Model, preprocessing and default output folder of a checkpoint or an export folder."""
     if path.suffix == ".ckpt":
-        from vitzoo.inference import load_checkpoint_net
+        from vitzoo.training import load_checkpoint_net  # Lightning only for checkpoints
 
         net, data = load_checkpoint_net(path)
         return net, data, path.parent.parent / "export"

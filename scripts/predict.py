@@ -14,11 +14,12 @@ then image files or folders (searched recursively). Options (``key=value``): ``b
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from vitzoo.inference import image_files, load_predictor, predict_files
+from vitzoo.export import Predictor, image_files, load_predictor, predict_files
 from vitzoo.registry import ConfigError
 
 OPTIONS = {"backend": "safetensors", "topk": 5, "batch_size": 32}  # key=value options and their defaults
@@ -38,10 +39,20 @@ def parse(argv: list[str]) -> tuple[str, list[str], dict[str, Any]]:
     return paths[0], paths[1:], options
 
 
+def checkpoint_predictor(ckpt_path: str, backend: str) -> Predictor:
+    """A :class:`~vitzoo.export.Predictor` running a training checkpoint's network (eager only)."""
+    if backend != "safetensors":
+        raise ConfigError(f"backend={backend} needs an export folder; export the checkpoint with scripts/export.py")
+    from vitzoo.training import load_checkpoint_net  # Lightning only for checkpoints
+
+    return Predictor(*load_checkpoint_net(Path(ckpt_path).expanduser()))
+
+
 def main(argv: list[str]) -> int:
     try:
         model_path, inputs, options = parse(argv)
-        predictor = load_predictor(model_path, backend=options["backend"])
+        predictor = checkpoint_predictor(model_path, options["backend"]) if model_path.endswith(".ckpt") \
+            else load_predictor(model_path, backend=options["backend"])
         results = predict_files(predictor, image_files(inputs), topk=int(options["topk"]),
                                 batch_size=int(options["batch_size"]))
         for path, top in results:

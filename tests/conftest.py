@@ -12,10 +12,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs that train.yaml composes)
 from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
-from vitzoo.configs import attention_options
+from vitzoo.configs import CONFIG_DIR, attention_options
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
+CONFIGS = CONFIG_DIR  # the Hydra configs shipped inside the package (vitzoo/conf)
 CIFAR_ROOT = Path(os.environ.get("VITZOO_CIFAR10", ROOT.parent / "shared" / "data" / "cifar10"))
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -27,7 +27,7 @@ def _test_matmul_peak(tmp_path_factory, monkeypatch):
     the suite keeps both cores busy must not land in the user's cache (``~/.cache/vitzoo``)."""
     from vitzoo.flops import mfu
 
-    monkeypatch.setenv("VITZOO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "vitzoo_cache"))
+    monkeypatch.setenv("VITZOO_CACHE", str(tmp_path_factory.getbasetemp() / "vitzoo_cache"))
     monkeypatch.setattr(mfu, "PEAK_SIZE", {"cpu": 128, "cuda": 128})
 
 

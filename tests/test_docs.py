@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ATTENTION_NAMES, CONFIGS, attention_classes, make_attention
+from conftest import ATTENTION_NAMES, CONFIGS, ROOT, attention_classes, make_attention
 
-BACKENDS_DOC = CONFIGS.parent / "docs" / "backends.md"
+BACKENDS_DOC = ROOT / "docs" / "backends.md"
 ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \| ([^|]*) \| ([^|]*) \|")
 FLAGS = ("fixed_length", "takes_bias")  # capability flags the table's "notes" column lists
 

@@ -1,8 +1,9 @@
 """Package layering, read from the source with ``ast`` (nothing is imported), and module sizes.
 
-attention  <-  layers  <-  models  <-  training / flops / bench
+attention  <-  layers  <-  models  <-  data / export  <-  training / flops / bench
 
-A lower layer never imports a higher one (not even lazily inside a function); ``vitzoo.flops``
+A lower layer never imports a higher one (not even lazily inside a function); no module imports itself back
+through others; a private module (``_x.py``) is imported only inside its own package; ``vitzoo.flops``
 counts by duck typing (``flops``/``flops_children``) and names no backbone or layer; scripts/ use
 the installed package instead of editing ``sys.path``; no library module is over 400 lines.
 """
@@ -21,9 +22,17 @@ FORBIDDEN = {
     "vitzoo.layers": HIGHER[1:],
     "vitzoo.models": HIGHER[2:],
     "vitzoo.flops": ["vitzoo.layers", "vitzoo.models", "vitzoo.training", "vitzoo.bench"],
+    "vitzoo.data": ["vitzoo.export", "vitzoo.training", "vitzoo.flops", "vitzoo.bench"],
+    "vitzoo.export": ["vitzoo.training", "vitzoo.flops", "vitzoo.bench"],
 }
 MAX_LINES = 400
 LONG_FILES: dict[str, str] = {}  # path -> why it may exceed MAX_LINES
+# importer -> private module it still reaches into (the random-feature redraw and the sparse-pattern check
+# become part of the TokenMixer contract); a listed import that is gone must leave this list
+PRIVATE_IMPORTS = {"vitzoo.bench.gpu_checks imports vitzoo.attention._sparse",
+                   "vitzoo.bench.jobs imports vitzoo.attention._kernel",
+                   "vitzoo.bench.precision imports vitzoo.attention._kernel",
+                   "vitzoo.training.module imports vitzoo.attention._kernel"}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -79,6 +88,56 @@ def test_lower_layers_do_not_import_higher_ones(layer):
             if any(within(name, higher) for higher in FORBIDDEN[layer]):
                 offences.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offences, "\n".join(offences)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the vitzoo modules it imports (at any depth of the file)."""
+    names = {module_name(p) for p in MODULES}
+    return {module_name(p): {n for n in imported_modules(p) if n in names and n != module_name(p)} for p in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` as ``[a, b, ..., a]`` (depth-first search), or ``[]``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_cycle_finder():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_private_modules_are_imported_only_inside_their_package():
+    offences = []
+    for module, imported in import_graph().items():
+        for name in sorted(imported):
+            package, _, leaf = name.rpartition(".")
+            if leaf.startswith("_") and not leaf.startswith("__") and not within(module, package):
+                offences.append(f"{module} imports {name}")
+    assert not set(offences) - PRIVATE_IMPORTS, "\n".join(sorted(set(offences) - PRIVATE_IMPORTS))
+    assert not PRIVATE_IMPORTS - set(offences), f"gone, drop from PRIVATE_IMPORTS: {PRIVATE_IMPORTS - set(offences)}"
 
 
 def edits_sys_path(source: str) -> bool:

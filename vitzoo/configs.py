@@ -1,4 +1,4 @@
-"""The one reader of the repository's Hydra option files (``configs/<group>/<option>.yaml``).
+"""The one reader of the Hydra option files shipped with the package (``vitzoo/conf/<group>/<option>.yaml``).
 
 Scripts, benchmarks and tests that need "what ``attention=<name>`` composes" outside Hydra read it
 here, so there is one loader (not one per caller).
@@ -10,11 +10,11 @@ from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "conf"  # package data: installed with vitzoo
 
 
 def group_options(group: str, option: str) -> dict[str, Any]:
-    """The values of ``configs/<group>/<option>.yaml`` (its ``defaults:`` list dropped); ``{}`` if absent.
+    """The values of ``conf/<group>/<option>.yaml`` (its ``defaults:`` list dropped); ``{}`` if absent.
 
     Args:
         group: config group folder, e.g. ``"attention"``.

@@ -37,11 +37,10 @@ and draws the accuracy/throughput bubble chart with its Pareto front.
 Modules: ``options`` (:class:`BenchOptions`, backend/model names), ``environment`` (the machine),
 ``timing`` (:func:`time_fns`), ``memory`` (:class:`PeakMemory`), ``references`` (timm,
 performer-pytorch, linformer, natten), ``jobs`` (one measurement each), ``worker`` (one process per
-job), ``run`` (:func:`run_benchmark`), ``goals`` (met / missed), ``report`` (tables, chart) and ``compare``.
+job), ``run`` (:func:`run_benchmark`), ``report`` (tables, chart) and ``compare``.
 """
 from vitzoo.bench.compare import compare_runs, find_run_dirs, pareto_front, plot_bubbles, read_run, sweep_command
 from vitzoo.bench.environment import environment, package_version
-from vitzoo.bench.goals import goal_rows
 from vitzoo.bench.jobs import JOBS, layer_job, layer_ref_job, model_job, model_ref_job
 from vitzoo.bench.memory import PeakMemory
 from vitzoo.bench.options import BenchOptions, model_family, resolve_device, select_backends
@@ -59,7 +58,7 @@ from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.bench.worker import run_job
 
 __all__ = ["BenchOptions", "JOBS", "LAYER_REFERENCES", "MODEL_REFERENCES", "NOT_INSTALLED", "PeakMemory",
-           "ReferenceUnavailable", "Timing", "compare_runs", "environment", "find_run_dirs", "goal_rows",
+           "ReferenceUnavailable", "Timing", "compare_runs", "environment", "find_run_dirs",
            "layer_job", "layer_ref_job", "layer_reference", "markdown_table", "model_family", "model_job",
            "model_ref_job", "package_version", "pareto_front", "plot_bubbles", "plot_scaling", "read_run",
            "resolve_device", "run_benchmark", "run_job", "select_backends", "sweep_command", "time_fns",

@@ -1,4 +1,4 @@
-"""The benchmark's outputs: CSV and Markdown tables, the goals table, the layer scaling chart, ``report.md``."""
+"""The benchmark's outputs: CSV and Markdown tables, the layer scaling chart, ``report.md``."""
 from __future__ import annotations
 
 import csv
@@ -28,7 +28,6 @@ REF_COLUMNS = ["level", "backend", "case", "reference", "status", *SPEED_RATIOS,
                "train_ms_reference", "infer_ms_vitzoo", "infer_ms_reference", "latency_ms_vitzoo",
                "latency_ms_reference", "fwd_bwd_ms_vitzoo", "fwd_bwd_ms_reference", "fwd_ms_vitzoo", "fwd_ms_reference",
                "params_vitzoo", "params_reference", "reference_kwargs", "repeats", "iters", "threads", "device"]
-GOAL_COLUMNS = ["goal", "measured", "target", "status"]
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -184,11 +183,11 @@ def _report_head(env: Mapping[str, Any]) -> str:
 
 
 TABLES = (("models", MODEL_COLUMNS, _model_md), ("layers", LAYER_COLUMNS, _layer_md),
-          ("references", REF_COLUMNS, _ref_md), ("goals", GOAL_COLUMNS, None))
+          ("references", REF_COLUMNS, _ref_md))
 
 
 def write_outputs(result: Mapping[str, Any], out: Path) -> None:
-    """``environment.json``, ``results.json``, ``{models,layers,references,goals}.{csv,md}``,
+    """``environment.json``, ``results.json``, ``{models,layers,references}.{csv,md}``,
     ``layer_scaling.png`` and ``report.md`` (all tables in one page) under ``out``.
 
     Args:
@@ -202,7 +201,7 @@ def write_outputs(result: Mapping[str, Any], out: Path) -> None:
     sections = [_report_head(env)]
     for name, columns, md in TABLES:
         rows = result[name]
-        if not rows and name != "goals":
+        if not rows:
             continue
         write_csv(rows, columns, out / f"{name}.csv")
         table = md(rows) if md else markdown_table(rows, columns)

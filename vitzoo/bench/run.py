@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from vitzoo.bench.environment import ROOT, environment, load_average, mem_available_gb
-from vitzoo.bench.goals import goal_rows
 from vitzoo.bench.options import BenchOptions, model_family, model_img_size, resolve_device, select_backends
 from vitzoo.bench.references import LAYER_REFERENCES, MODEL_REFERENCES, reference_status
-from vitzoo.bench.report import GOAL_COLUMNS, SPEED_RATIOS, markdown_table, write_outputs
+from vitzoo.bench.report import SPEED_RATIOS, write_outputs
 from vitzoo.bench.worker import run_job
 from vitzoo.configs import attention_options
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
@@ -141,7 +140,7 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
         log: receives one progress line per configuration.
 
     Returns:
-        ``{"out": folder, "models": rows, "layers": rows, "references": rows, "goals": rows, "environment": env}``.
+        ``{"out": folder, "models": rows, "layers": rows, "references": rows, "environment": env}``.
     """
     device = resolve_device(opts.device)
     backends = select_backends(opts.attention)
@@ -165,12 +164,9 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
         _run_layers(opts, backends, run, log, layers, refs)
         refs += _unmeasured_layer_refs(opts, backends, refs)
     add_mfu(models, layers, peak)
-    goals = goal_rows(models, layers, refs, opts)
     env.update(load_average_end=load_average(), wall_seconds=round(time.time() - t_start, 1))
-    result = {"out": str(out), "models": models, "layers": layers, "references": refs, "goals": goals,
-              "environment": env}
+    result = {"out": str(out), "models": models, "layers": layers, "references": refs, "environment": env}
     write_outputs(result, out)
-    log("\n" + markdown_table(goals, GOAL_COLUMNS))
     log(f"\nwritten: {', '.join(sorted(p.name for p in out.iterdir()))} in {out}")
     return result
 

@@ -4,7 +4,7 @@
 ÷ peak MACs/s``, as in PaLM (Chowdhery et al. 2022, appendix B) but in multiply-adds, the unit of
 every count in vitzoo. The peak is not a datasheet figure: it is measured once per machine, dtype and
 thread count by timing a large square matmul (:func:`matmul_peak`) and cached in
-``~/.cache/vitzoo/matmul_peak.json`` (``VITZOO_CACHE_DIR`` moves it), so a report is a ratio of two
+``~/.cache/vitzoo/matmul_peak.json`` (``VITZOO_CACHE`` moves it), so a report is a ratio of two
 measurements on the same machine. A backend with MFU 0.05 wastes 95 % of what the matmul units could
 do: gathers, copies, softmaxes and Python overhead are where its time goes.
 """
@@ -25,8 +25,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cache_file() -> Path:
-    """Where measured peaks are kept (``$VITZOO_CACHE_DIR`` or ``~/.cache/vitzoo``)."""
-    return Path(os.environ.get("VITZOO_CACHE_DIR", "~/.cache/vitzoo")).expanduser() / "matmul_peak.json"
+    """Where measured peaks are kept (``$VITZOO_CACHE`` or ``~/.cache/vitzoo``)."""
+    return Path(os.environ.get("VITZOO_CACHE", "~/.cache/vitzoo")).expanduser() / "matmul_peak.json"
 
 
 def _machine_key(device: torch.device, dtype: str) -> str:

@@ -1,1 +1,1 @@
-"""Building blocks shared by the backbones: window partitioning, the transformer block."""
+"""Building blocks shared by the backbones: the transformer block."""

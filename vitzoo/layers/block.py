@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, build_attention
 from vitzoo.attention.base import Grid
-from vitzoo.costs import layernorm_flops  # noqa: F401 - also imported from here by the backbones
+from vitzoo.costs import layernorm_flops
 
 
 class Block(nn.Module):

@@ -1,63 +1,28 @@
 """Backbones and their named variants (``vit_tiny`` … ``swin_base``, ``vit_cifar``, ``swin_cifar``).
 
 Each variant is declared once, next to its family, with :func:`register_model`; :data:`MODELS` is the
-strict registry behind :func:`create_model`, :func:`list_models` and :func:`model_config`.
+strict registry (:mod:`~vitzoo.models.factory`) behind :func:`create_model`, :func:`list_models` and
+:func:`model_config`; :mod:`~vitzoo.models.pretrained` starts a variant from timm weights.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from torch import nn
 
-from vitzoo.attention import ATTENTION
-from vitzoo.registry import Registry
-
-MODELS = Registry("model")
-
-
-def register_model(family: type) -> Callable[[Callable[[], dict[str, Any]]], Callable[[], dict[str, Any]]]:
-    """Function decorator: the function's name is the variant, its return value the variant's defaults.
-
-    Args:
-        family: the backbone class; it declares ``config_class`` (its dataclass) and
-            ``natural_attention`` (the attention a variant gets when none is given).
-
-    >>> @register_model(VisionTransformer)
-    ... def vit_tiny() -> dict:
-    ...     return dict(embed_dim=192, depth=12, num_heads=3)  # fields of ViTConfig that differ
-    """
-
-    def deco(fn: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
-        MODELS.register_variant(fn.__name__, family, family.config_class, fn())
-        return fn
-
-    return deco
-
-
-# the families register their variants on import (after MODELS exists)
-from vitzoo.models.swin import SwinConfig, SwinTransformer  # noqa: E402
-from vitzoo.models.vit import VisionTransformer, ViTConfig  # noqa: E402
-
-
-def list_models() -> list[str]:
-    """Names of every model variant."""
-    return MODELS.names()
-
-
-def model_config(name: str, **overrides: Any) -> Any:
-    """The variant's config dataclass with ``overrides`` applied (unknown names and keys are ConfigErrors).
-
-    Args:
-        name: a variant from :func:`list_models`.
-        **overrides: fields of the family's config dataclass, checked by it.
-    """
-    return MODELS.config({"name": name, **overrides})
-
-
-def natural_attention(name: str) -> str:
-    """The attention a variant is built with when none is given: its family's (Swin: window, ViT: global)."""
-    return MODELS.get(name)[0].natural_attention
+from vitzoo.models.factory import (
+    MODELS,
+    attention_spec,
+    build_model,
+    list_models,
+    model_config,
+    model_kwargs,
+    natural_attention,
+    register_model,
+)
+from vitzoo.models.pretrained import create_pretrained
+from vitzoo.models.swin import SwinConfig, SwinTransformer
+from vitzoo.models.vit import VisionTransformer, ViTConfig
 
 
 def create_model(name: str, attention: Any = None, pretrained: Optional[str] = None, **overrides: Any) -> nn.Module:
@@ -67,27 +32,12 @@ def create_model(name: str, attention: Any = None, pretrained: Optional[str] = N
         name: a variant from :func:`list_models`.
         attention: ``"window"``, ``{"name": "linformer", "k": 64}`` or a config instance: the token mixer
             of every block (validated once). None: the variant's :func:`natural_attention`.
-        pretrained: weights to start from: a timm-format file or ``timm:<name>`` (:mod:`vitzoo.pretrained`).
+        pretrained: weights to start from: a timm-format file or ``timm:<name>`` (:mod:`vitzoo.models.pretrained`).
         **overrides: any field of the family config (``num_classes``, ``img_size``, ``depth`` …).
     """
     if pretrained is not None:
-        from vitzoo.pretrained import create_pretrained
-
         return create_pretrained(name, attention, pretrained, **overrides)
-    cfg = model_config(name, **overrides)
-    model = MODELS.get(name)[0](cfg, attention)
-    model.variant = name
-    return model
-
-
-def model_kwargs(model: nn.Module) -> dict[str, Any]:
-    """Plain-data description of a built model: enough to rebuild it with :func:`create_model`."""
-    return dataclasses.asdict(model.cfg)
-
-
-def attention_spec(model: nn.Module) -> dict[str, Any]:
-    """``{"name": ..., **options}`` of a built model's token mixer (``model.attention_cfg``, shared by every block)."""
-    return ATTENTION.to_dict(model.attention_cfg)
+    return build_model(name, attention, **overrides)
 
 
 __all__ = ["MODELS", "SwinConfig", "SwinTransformer", "ViTConfig", "VisionTransformer", "attention_spec", "create_model",

@@ -22,8 +22,9 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
-from vitzoo.layers.block import Block, layernorm_flops
-from vitzoo.models import register_model
+from vitzoo.costs import layernorm_flops
+from vitzoo.layers.block import Block
+from vitzoo.models.factory import register_model
 from vitzoo.models.vit import init_weights
 
 

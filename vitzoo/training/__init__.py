@@ -2,9 +2,8 @@
 thin entry points ``train.py`` / ``eval.py`` call (configs in ``configs/train.yaml``, ``configs/eval.yaml``)."""
 from hydra.core.config_store import ConfigStore
 
-from vitzoo.training.data import CIFARDataModule, DigitsDataModule, ImageDataModule, ImageFolderDataModule
 from vitzoo.training.evaluate import evaluate
-from vitzoo.training.module import OptimConfig, VitModule
+from vitzoo.training.module import OptimConfig, VitModule, load_checkpoint_net
 from vitzoo.training.train import fit, train
 from vitzoo.training.utils import BenchmarkConfig, run_entry
 
@@ -13,5 +12,4 @@ from vitzoo.training.utils import BenchmarkConfig, run_entry
 ConfigStore.instance().store(group="optim", name="default", node=OptimConfig)
 ConfigStore.instance().store(group="benchmark", name="default", node=BenchmarkConfig)
 
-__all__ = ["BenchmarkConfig", "CIFARDataModule", "DigitsDataModule", "ImageDataModule", "ImageFolderDataModule",
-           "OptimConfig", "VitModule", "evaluate", "fit", "run_entry", "train"]
+__all__ = ["BenchmarkConfig", "OptimConfig", "VitModule", "evaluate", "fit", "load_checkpoint_net", "run_entry", "train"]

@@ -19,16 +19,17 @@ import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
+from vitzoo.bench.memory import PeakMemory
 from vitzoo.flops import count_flops
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
-from vitzoo.training.safe_load import checkpoint_hparams, module_from_checkpoint, safe_instantiate, saved_data_config
+from vitzoo.training.module import module_from_checkpoint
+from vitzoo.training.safe_load import checkpoint_hparams, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
 from vitzoo.training.utils import (
     benchmark_config,
     console,
     flops_table,
-    peak_memory_mb,
     read_checkpoint,
     trainer_throughput,
     write_traceback,
@@ -118,13 +119,16 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", logger=False, callbacks=[], enable_checkpointing=False,
                                enable_model_summary=False)
+    memory = PeakMemory(trainer.strategy.root_device)  # the same measure as training's peak_memory_mb
+    memory.start()
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     infer = trainer_throughput(trainer, module.net, bench)
+    peak_mb = memory.peak_mb()
     out = {"ckpt_path": str(path), "model": model_name, "attention": attention_name, "data": dm.name,
            "num_val_images": len(dm.val_set), "preprocessing": {"img_size": dm.img_size, "mean": list(dm.mean),
                                                                 "std": list(dm.std)}, "val_acc": float(metrics["val/acc"]), "val_acc5": float(metrics["val/acc5"]),
            "val_loss": float(metrics["val/loss"]), "infer_images_per_s": infer,
-           "infer_batch_size": bench.batch_size, "peak_memory_mb": peak_memory_mb(trainer.strategy.root_device),
+           "infer_batch_size": bench.batch_size, "peak_memory_mb": peak_mb,
            "params": report.params, "gmacs": report.measured / 1e9, "gmacs_analytic": report.analytic / 1e9}
     report_path = path.with_name(f"{path.stem}.eval.json")
     report_path.write_text(json.dumps(out, indent=2) + "\n")

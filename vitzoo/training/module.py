@@ -6,7 +6,8 @@ Everything needed to rebuild the network is in the module's hyper-parameters (pl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
 
 import pytorch_lightning as pl
 import torch
@@ -20,6 +21,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitzoo.attention._kernel import redraw_random_features
 from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError, build_config
+from vitzoo.training.safe_load import checkpoint_hparams, load_state
+from vitzoo.training.utils import read_checkpoint
 
 
 @dataclass
@@ -117,9 +120,8 @@ class VitModule(pl.LightningModule):
             checkpoint_path: the ``.ckpt`` file.
             map_location: device for the module (default CPU).
         """
-        from vitzoo.training.safe_load import load_module
-
-        return load_module(checkpoint_path, map_location)
+        module = module_from_checkpoint(read_checkpoint(checkpoint_path), f"ckpt_path={checkpoint_path}")
+        return module.to(map_location or "cpu")
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.run_config is not None:
@@ -196,3 +198,26 @@ class VitModule(pl.LightningModule):
             return self.net(x)
         finally:
             self.net.train(was)
+
+
+def module_from_checkpoint(ckpt: Mapping[str, Any], source: str) -> VitModule:
+    """A :class:`VitModule` rebuilt from a checkpoint's plain data and weights (both checked first).
+
+    Args:
+        ckpt: a checkpoint dict from :func:`vitzoo.training.utils.read_checkpoint`.
+        source: what it was read from (named in messages).
+    """
+    module = VitModule(**checkpoint_hparams(ckpt, source))
+    load_state(module, ckpt.get("state_dict"), source)
+    return module
+
+
+def load_checkpoint_net(ckpt_path: Union[str, Path]) -> tuple[nn.Module, dict[str, Any]]:
+    """The backbone of a vitzoo training checkpoint (eval mode) and the data description it was trained with.
+
+    Args:
+        ckpt_path: a ``.ckpt`` written by vitzoo training.
+    """
+    ckpt = read_checkpoint(ckpt_path)
+    module = module_from_checkpoint(ckpt, f"ckpt_path={ckpt_path}")
+    return module.net.eval(), dict(ckpt["hyper_parameters"].get("data") or {})

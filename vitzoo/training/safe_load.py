@@ -11,8 +11,7 @@ Checkpoints are read with ``torch.load(weights_only=True)`` (no pickled objects)
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 import torch
 from hydra.errors import InstantiationException
@@ -24,8 +23,7 @@ from vitzoo.untrusted import plain_data
 
 # kind -> the ``_target_`` paths a config may name for it (extend in code to allow your own class)
 ALLOWED_TARGETS: dict[str, set[str]] = {
-    "data": {"vitzoo.training.data.DigitsDataModule", "vitzoo.training.data.CIFARDataModule",
-             "vitzoo.training.data.ImageFolderDataModule"},
+    "data": {"vitzoo.data.datamodules.DigitsDataModule", "vitzoo.data.datamodules.CIFARDataModule", "vitzoo.data.datamodules.ImageFolderDataModule"},
     "logger": {"pytorch_lightning.loggers.CSVLogger", "vitzoo.training.resume.ResumableCSVLogger",
                "pytorch_lightning.loggers.TensorBoardLogger", "pytorch_lightning.loggers.WandbLogger"},
     "callbacks": {"pytorch_lightning.callbacks.ModelCheckpoint", "vitzoo.training.resume.Checkpoint", "pytorch_lightning.callbacks.LearningRateMonitor",
@@ -138,30 +136,3 @@ def load_state(module: torch.nn.Module, state_dict: Any, source: str) -> None:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(e).__name__
         raise ConfigError(f"{source}: the weights do not fit the model it describes ({detail})") from None
-
-
-def module_from_checkpoint(ckpt: Mapping[str, Any], source: str) -> Any:
-    """A :class:`~vitzoo.training.module.VitModule` rebuilt from a checkpoint's plain data and weights.
-
-    Args:
-        ckpt: a checkpoint dict from :func:`vitzoo.training.utils.read_checkpoint`.
-        source: what it was read from (named in messages).
-    """
-    from vitzoo.training.module import VitModule
-
-    module = VitModule(**checkpoint_hparams(ckpt, source))
-    load_state(module, ckpt.get("state_dict"), source)
-    return module
-
-
-def load_module(path: Union[str, Path], map_location: Any = "cpu") -> Any:
-    """``VitModule.load_from_checkpoint``: read ``path`` (``weights_only``), validate, rebuild, move to ``map_location``.
-
-    Args:
-        path: a ``.ckpt`` written by vitzoo training.
-        map_location: device for the module.
-    """
-    from vitzoo.training.utils import read_checkpoint
-
-    module = module_from_checkpoint(read_checkpoint(path), f"ckpt_path={path}")
-    return module.to(map_location or "cpu")

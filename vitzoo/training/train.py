@@ -18,12 +18,12 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from vitzoo.bench.memory import PeakMemory
+from vitzoo.data.datamodules import ImageDataModule
 from vitzoo.export import export_model
 from vitzoo.flops import count_flops
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
-from vitzoo.training.data import ImageDataModule
 from vitzoo.training.module import VitModule
 from vitzoo.training.records import build_record, existing_record, record_path, write_record
 from vitzoo.training.resume import (

@@ -5,7 +5,6 @@ import contextlib
 import json
 import os
 import pickle
-import resource
 import sys
 import time
 import traceback
@@ -180,10 +179,3 @@ def trainer_throughput(trainer: Any, model: nn.Module, bench: BenchmarkConfig) -
     """:func:`inference_throughput` on the Trainer's device and precision, sized by the ``benchmark`` config."""
     return inference_throughput(model, batch_size=bench.batch_size, warmup=bench.warmup, steps=bench.steps,
                                 device=trainer.strategy.root_device, context=trainer.precision_plugin.forward_context)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak GPU memory allocated by torch on ``device``; on CPU the process's peak resident memory."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2 ** 20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB

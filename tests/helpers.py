@@ -1,0 +1,87 @@
+"""Builders shared by the tests: composed Hydra configs, a folder of images in ImageNet layout, the
+``train.py`` / ``eval.py`` subprocess runner and the loader of ``scripts/`` and ``tools/`` files."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from hydra import compose, initialize_config_dir
+
+from vitzoo.configs import CONFIG_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+# benchmark options that measure once, at tiny sizes
+BENCH_TINY = dict(warmup=1, repeats=1, min_time=0.0, max_time=10.0, threads=1, layer_dim=32, layer_heads=2,
+                  layer_batch=1, layer_window=4)
+
+
+
+def compose_cfg(overrides, out_dir, config: str = "train"):
+    """``vitzoo/conf/<config>.yaml`` composed with ``overrides`` (as the command line would), writing into ``out_dir``.
+
+    Args:
+        overrides: command-line style overrides, e.g. ``["attention=window", "+model.depth=1"]``.
+        out_dir: the run folder (``paths.output_dir``).
+        config: ``train`` or ``eval``.
+    """
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config, overrides=list(overrides))
+    cfg.paths.output_dir = str(out_dir)
+    return cfg
+
+
+def run_entry(script: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python <script> <args>`` from the checkout (``train.py`` or ``eval.py``), output captured as text.
+
+    Args:
+        script: ``train.py`` or ``eval.py``.
+        args: its command-line arguments.
+        env: extra environment variables (WANDB offline and one thread are always set).
+        timeout: seconds before the run is killed.
+    """
+    full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file as dicts (header row as keys)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def load_file(folder: str, name: str) -> ModuleType:
+    """``<folder>/<name>.py`` of the checkout (``scripts`` or ``tools``) imported as a module, its folder on the
+    import path (the tools import each other by file name)."""
+    path = ROOT / folder / f"{name}.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"_{folder}_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def image_folder(root: Path, classes=("cat", "dog"), per_class: int = 4, size: int = 12) -> Path:
+    """``root/<class>/<i>.png`` random RGB images (ImageNet layout); returns ``root``.
+
+    Args:
+        root: folder to fill (created).
+        classes: class folder names.
+        per_class: images per class.
+        size: image side in pixels.
+    """
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root

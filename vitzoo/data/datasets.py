@@ -1,0 +1,108 @@
+"""Datasets, samplers and readers the data modules build on: in-memory images kept on the training
+device, a resumable epoch shuffle, image files read as RGB, a class-balanced train/val split."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+from torch.utils.data import Dataset, RandomSampler
+
+from vitzoo.registry import ConfigError
+
+
+class TensorImages(Dataset):
+    """In-memory images ``[N, 3, H, W]`` (float in [0, 1] or uint8) with integer labels ``[N]``.
+
+    ``__getitems__`` (what a DataLoader calls with a whole batch of indices) returns
+    ``(indices, labels, self)`` without touching the images: after the transfer,
+    :meth:`on_device` holds the images on the training device (copied there once) and the batch is
+    gathered there, so an epoch never moves images between host and device. Use it with
+    ``collate_fn=keep_batch``.
+
+    Args:
+        images: ``[N, 3, H, W]``.
+        labels: ``[N]`` class indices.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor):
+        self.images, self.labels = images, labels
+        self.resident: Optional[Tensor] = None  # the images on the training device (see on_device)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return self.images[i], int(self.labels[i])
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor, "TensorImages"]:
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return idx, self.labels[idx], self
+
+    def on_device(self, device: torch.device) -> Tensor:
+        """All images on ``device`` (copied there on the first call, then kept)."""
+        if self.resident is None or self.resident.device != device:
+            self.resident = self.images.to(device)
+        return self.resident
+
+
+def keep_batch(batch: Any) -> Any:
+    """DataLoader ``collate_fn`` for datasets whose ``__getitems__`` already returns a batch."""
+    return batch
+
+
+class EpochShuffle(RandomSampler):
+    """A random order that depends only on ``(seed, epoch)`` (Lightning calls :meth:`set_epoch`): a run resumed
+    from a checkpoint sees the same order in every later epoch as an uninterrupted run.
+
+    Args:
+        data: the dataset to sample.
+        seed: base seed (the run's ``seed``).
+    """
+
+    def __init__(self, data: Dataset, seed: int):
+        super().__init__(data, generator=torch.Generator().manual_seed(seed))
+        self.seed = seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+
+
+def read_rgb(path: str) -> Any:
+    """Open an image file as RGB (greyscale, palette and CMYK are converted); an unreadable file is one line."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read image {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          f"remove or replace it under data.root") from None
+
+
+def image_folder(folder: Path) -> Any:
+    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb`); one-line errors naming data.root."""
+    from torchvision.datasets import ImageFolder
+
+    try:
+        return ImageFolder(str(folder), loader=read_rgb)
+    except FileNotFoundError as e:  # no class folders, or class folders without images
+        raise ConfigError(f"data.root: {folder} holds no images in <class>/ folders ({str(e).split('.')[0]}); "
+                          f"point data.root at a folder with train/<class>/*.jpg") from None
+    except OSError as e:
+        raise ConfigError(f"data.root: cannot read {folder} ({e.strerror or type(e).__name__}); check its permissions") from None
+
+
+def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of a fixed, class-balanced train/val split (same seed -> same split)."""
+    if not 0 < val_fraction < 1:
+        raise ConfigError(f"data.val_fraction must be in (0, 1) (got {val_fraction})")
+    idx = list(range(len(targets)))
+    try:
+        train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
+    except ValueError as e:  # too few images for a class-balanced split
+        raise ConfigError(f"cannot hold out data.val_fraction={val_fraction} of {len(idx)} images class-balanced "
+                          f"({str(e).splitlines()[0]}); raise data.val_fraction or add a val/ folder") from None
+    return sorted(train_idx), sorted(val_idx)

@@ -1,0 +1,99 @@
+"""Export a trained model as ``model.safetensors`` + ``config.json``, and load it back without Lightning.
+
+>>> from vitzoo.export import export_model, load_model, preprocess
+>>> export_model(model, "run/export", data={"img_size": 32, "mean": [...], "std": [...]})
+>>> model = load_model("run/export")          # or the .safetensors file, or config.json
+>>> logits = model(preprocess(model)(pil_image)[None])  # the model's own resize + mean/std
+
+``config.json`` holds the variant, every option of its config dataclass, the attention spec and
+(optionally) the preprocessing the model was trained with, so inference needs only vitzoo.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from safetensors.torch import load_model as _load_safetensors
+from safetensors.torch import save_model as _save_safetensors
+from torch import nn
+
+from vitzoo.data.transforms import build_transform
+from vitzoo.export.formats import check_formats, export_format
+from vitzoo.models import attention_spec, create_model, model_kwargs
+from vitzoo.registry import ConfigError
+from vitzoo.untrusted import export_options, load_weights, read_json
+
+WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
+
+
+def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dict[str, Any]] = None,
+                 formats: Sequence[str] = ("safetensors",)) -> Path:
+    """Write ``out_dir/model.safetensors`` and ``out_dir/config.json``; return ``out_dir``.
+
+    Args:
+        model: a model from :func:`vitzoo.create_model` (it knows its ``variant``, ``cfg`` and ``attention_cfg``).
+        out_dir: folder to write (created).
+        data: preprocessing facts to keep with the weights (img_size, mean, std, classes).
+        formats: also ``onnx``, ``torchscript``, ``pt2`` (:mod:`vitzoo.export.formats`: each file is
+            checked against eager; ``ExportError`` names the format and op that fail).
+            ``model.safetensors`` and ``config.json`` are always written.
+    """
+    formats = check_formats(list(formats))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
+              "attention": attention_spec(model), "data": data or {}}
+    _save_safetensors(model, str(out / WEIGHTS))
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    for fmt in formats:
+        if fmt != "safetensors":
+            export_format(model, out, fmt)
+    return out
+
+
+def _paths(path: Union[str, Path]) -> tuple[Path, Path]:
+    p = Path(path)
+    folder = p if p.is_dir() else p.parent
+    if not folder.exists() and not p.exists():
+        raise ConfigError(f"export path {p} does not exist")
+    weights, config = folder / WEIGHTS, folder / CONFIG
+    if p.suffix == ".safetensors":
+        weights = p
+    for f in (weights, config):
+        if not f.is_file():
+            raise ConfigError(f"export path {p}: missing {f.name} (expected {WEIGHTS} and {CONFIG} side by side)")
+    return weights, config
+
+
+def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
+    """Rebuild an exported model in eval mode, without Lightning.
+
+    Args:
+        path: the export folder, its ``model.safetensors`` or its ``config.json``.
+        map_location: device for the weights.
+
+    The returned module has ``export_config`` (the parsed ``config.json``: preprocessing under ``data``).
+    """
+    weights, config_file = _paths(path)
+    config = read_json(config_file, "export config")  # plain data only
+    if config.get("format") != FORMAT:
+        raise ConfigError(f"{config_file} is not a vitzoo export (format {config.get('format')!r}, expected {FORMAT!r})")
+    model = create_model(str(config.get("model")), attention=config.get("attention"), **export_options(config, config_file))
+    load_weights(lambda: _load_safetensors(model, str(weights), strict=True, device=str(map_location)), weights)
+    model.to(map_location).eval()
+    model.export_config = config
+    return model
+
+
+def preprocess(model: nn.Module) -> Any:
+    """The eval transform (PIL image or ``[3, H, W]`` tensor -> normalised tensor) an exported model was trained with.
+
+    Args:
+        model: a model from :func:`load_model` (its ``export_config["data"]`` holds img_size, mean, std).
+    """
+    data = getattr(model, "export_config", {}).get("data") or {}
+    missing = [k for k in ("img_size", "mean", "std") if data.get(k) is None]
+    if missing:
+        raise ConfigError(f"the export's config.json data has no {missing[0]}; normalise the images yourself")
+    return build_transform(int(data["img_size"]), data["mean"], data["std"], train=False)

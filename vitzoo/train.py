@@ -1,0 +1,23 @@
+"""Train a model: ``vitzoo-train attention=window`` or ``python -m vitzoo.train ...`` (options:
+``vitzoo/conf/train.yaml``; ``-m`` sweeps). Output folders are relative to the launch folder."""
+import hydra
+from omegaconf import DictConfig
+
+from vitzoo.configs import CONFIG_DIR
+from vitzoo.training import run_entry, train
+from vitzoo.training.cli import check_command_line
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+def hydra_main(cfg: DictConfig) -> None:
+    run_entry(train, cfg)
+
+
+def main() -> None:
+    """The ``vitzoo-train`` command: a bad ``group=option`` is one line naming the choices, then Hydra runs."""
+    check_command_line()
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()
