@@ -76,18 +76,18 @@ def token_by_token(shapes, n: int):
 def require_cpu_kernel(stem: str) -> None:
     """Skip, naming why, where vitzoo's compiled CPU kernel ``csrc/<stem>.cpp`` cannot be built (CI must build
     it: tests/test_cpu_kernels.py fails there instead)."""
-    from vitzoo.attention import _cpp
-    if _cpp.extension(stem) is None:
-        pytest.skip(f"the {stem} kernel is not built here (no C++ compiler or ninja, or {_cpp.ENV}=0)")
+    from vitzoo.cpu_kernels import loader
+    if loader.extension(stem) is None:
+        pytest.skip(f"the {stem} kernel is not built here (no C++ compiler or ninja, or {loader.ENV}=0)")
 
 
 def use_cpu_kernel(stem: str, kernel: bool, monkeypatch) -> None:
     """Run the compiled kernel ``stem`` (skipped where it cannot be built) or, ``kernel`` False, the PyTorch path."""
-    from vitzoo.attention import _cpp
+    from vitzoo.cpu_kernels import loader
     if kernel:
         require_cpu_kernel(stem)
     else:
-        monkeypatch.setenv(_cpp.ENV, "0")
+        monkeypatch.setenv(loader.ENV, "0")
 
 
 def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4,

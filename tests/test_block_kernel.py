@@ -1,5 +1,5 @@
 """vitzoo's compiled block-attention kernel (vitzoo/attention/csrc/block_attention.cpp) against the PyTorch path
-of :func:`vitzoo.attention._gather.block_attention`.
+of :func:`vitzoo.attention.sparse.gather.block_attention`.
 
 The dense masked references of every sparse backend run through the kernel in tests/test_attention.py and
 tests/test_sparse_patterns.py; here the kernel and the PyTorch path (no shared code past the arguments) get
@@ -12,12 +12,13 @@ import pytest
 import torch
 from conftest import require_cpu_kernel
 
-from vitzoo.attention import _block_kernel, _cpp, _gather
+from vitzoo.attention.sparse import gather
+from vitzoo.cpu_kernels import block_kernel, loader
 
 
 def test_keep_layout_is_transposed_broadcast_and_padded():
     mask = torch.tensor([[[True, False, True]], [[False, True, True]]])  # [n = 2, 1 row, K = 3]
-    keep = _block_kernel.keep_layout(mask, 2)  # [1, n, Kp = 4, Sp = 16]
+    keep = block_kernel.keep_layout(mask, 2)  # [1, n, Kp = 4, Sp = 16]
     assert keep.shape == (1, 2, 4, 16) and keep.dtype == torch.uint8
     assert keep[0, 0, :3, :2].tolist() == [[1, 1], [0, 0], [1, 1]]
     assert keep[0, 1, :3, 0].tolist() == [0, 1, 1]
@@ -41,7 +42,7 @@ def _run(q, k, v, glob, q_ids, k_ids, mask, out_ids):
     for t in (q, k, v, *glob):
         if t is not None:
             t.grad = None
-    out = _gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.4, 0.0, *glob, out_ids=out_ids)
+    out = gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.4, 0.0, *glob, out_ids=out_ids)
     out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
     return [out.detach()] + [t.grad.clone() for t in (q, k, v, *glob) if t is not None]
 
@@ -53,7 +54,7 @@ def test_kernel_matches_torch_path(per_head, rows, G, d, drop, monkeypatch):
     q, k, v, glob, q_ids, k_ids, mask = _inputs(per_head, rows, G, d)
     out_ids = torch.randperm(q_ids.numel())[:q_ids.numel() - 4] if drop else None  # 4 slots get no row
     fast = _run(q, k, v, glob, q_ids, k_ids, mask, out_ids)
-    monkeypatch.setenv(_cpp.ENV, "0")
+    monkeypatch.setenv(loader.ENV, "0")
     slow = _run(q, k, v, glob, q_ids, k_ids, mask, out_ids)
     for a, b in zip(fast, slow, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

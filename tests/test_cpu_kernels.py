@@ -1,4 +1,4 @@
-"""vitzoo's compiled CPU kernels (vitzoo/attention/_cpp.py, vitzoo/attention/csrc/*.cpp): every kernel builds where
+"""vitzoo's compiled CPU kernels (vitzoo/attention/loader.py, vitzoo/attention/csrc/*.cpp): every kernel builds where
 CI runs, each is wired to a module, and a failed build warns once and leaves the PyTorch path running.
 
 The kernels' numbers: tests/test_block_kernel.py and tests/test_feature_kernel.py."""
@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import make_attention
 
-from vitzoo.attention import _block_kernel, _cpp, _feature_kernel
+from vitzoo.cpu_kernels import block_kernel, feature_kernel, loader
 
-STEMS = sorted(path.stem for path in _cpp.CSRC.glob("*.cpp"))  # every kernel the package ships
-BACKEND = {_block_kernel.STEM: "bigbird", _feature_kernel.STEM: "performer"}  # a backend each kernel runs
+STEMS = sorted(path.stem for path in loader.CSRC.glob("*.cpp"))  # every kernel the package ships
+BACKEND = {block_kernel.STEM: "bigbird", feature_kernel.STEM: "performer"}  # a backend each kernel runs
 
 
 def test_every_kernel_is_wired():
@@ -25,7 +25,7 @@ def test_ci_builds_every_kernel(stem):
     """Where CI runs, every kernel must build (elsewhere a machine without a compiler falls back)."""
     if not os.environ.get("CI"):
         pytest.skip("only asserted in CI (CI=true); elsewhere the kernels may be unavailable")
-    assert _cpp.extension(stem) is not None, f"set {_cpp.ENV}=0 only where no C++ compiler exists"
+    assert loader.extension(stem) is not None, f"set {loader.ENV}=0 only where no C++ compiler exists"
 
 
 def _step(name: str):
@@ -46,7 +46,7 @@ def test_build_failure_warns_once_and_falls_back(stem, monkeypatch):
         raise RuntimeError("Ninja is required to load C++ extensions")
     monkeypatch.setattr(_cpp, "_state", {})
     monkeypatch.setattr(_cpp, "_build", broken)
-    expected = rf"{stem.replace('_', ' ')} kernel could not be built \(RuntimeError: Ninja is required.*{_cpp.ENV}=0"
+    expected = rf"{stem.replace('_', ' ')} kernel could not be built \(RuntimeError: Ninja is required.*{loader.ENV}=0"
     with pytest.warns(RuntimeWarning, match=expected):
         first = _step(BACKEND[stem])
     second = _step(BACKEND[stem])  # no second build, no second warning

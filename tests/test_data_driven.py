@@ -7,10 +7,10 @@ from conftest import RecordShapes, attention_yaml, backends, make_attention, tok
 
 import vitzoo
 from vitzoo.attention import ConfigError
-from vitzoo.attention._buckets import DataDrivenAttention
+from vitzoo.attention.data_driven.bucket import BucketAttention
 from vitzoo.flops import flop_analysis
 
-NAMES = backends("data_driven", DataDrivenAttention)  # from the registry: reformer, routing, sinkhorn, ...
+NAMES = backends("data_driven", BucketAttention)  # from the registry: reformer, routing, sinkhorn, ...
 
 # non-default options at a non-square grid with a class token: chunks/clusters/blocks that need padding
 OPTIONS = [

@@ -1,5 +1,5 @@
 """vitzoo's compiled random-feature kernel (vitzoo/attention/csrc/feature_attention.cpp) against the PyTorch path
-of :mod:`vitzoo.attention._kernel_core`: performer's ``"exp"`` map and rfa's ``"fourier"`` map.
+of :mod:`vitzoo.attention.linear.feature_core`: performer's ``"exp"`` map and rfa's ``"fourier"`` map.
 
 The per-head references (``favor_features``, ``fourier_features`` and the explicit kernel matrix) run through the
 kernel in tests/test_kernel_attention.py and tests/test_attention.py; here the kernel and the PyTorch path (no
@@ -15,9 +15,10 @@ import torch
 from conftest import require_cpu_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitzoo.attention import _cpp, _feature_kernel, _kernel_core
+from vitzoo.attention.linear import feature_core
+from vitzoo.cpu_kernels import feature_kernel, loader
 
-STEM = _feature_kernel.STEM
+STEM = feature_kernel.STEM
 KINDS = ["exp", "fourier"]
 
 
@@ -45,11 +46,11 @@ def _run(kind, qkv, h, omega, scale, eps, factor, stale=False, torch_backward=No
     for t in (qkv, scale):
         if t is not None:
             t.grad = None
-    out = _kernel_core.kernel_attention_qkv(kind, qkv, h, omega, scale, eps, factor)
+    out = feature_core.feature_attention_qkv(kind, qkv, h, omega, scale, eps, factor)
     if stale:
         out.mul_(1.0)
     if torch_backward is not None:
-        monkeypatch.setenv(_cpp.ENV, "0" if torch_backward else "1")
+        monkeypatch.setenv(loader.ENV, "0" if torch_backward else "1")
     out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
     return [out.detach(), qkv.grad.clone()] + ([] if scale is None else [scale.grad.clone()])
 
@@ -66,7 +67,7 @@ def test_kernel_matches_torch_path(shape, kind, eps, stale, monkeypatch):
     qkv, omega, scale = _inputs(kind, *shape[:5], growing=shape[5])
     args = (kind, qkv, shape[2], omega, scale, *_options(kind, shape[4], eps))
     fast = _run(*args, stale)
-    monkeypatch.setenv(_cpp.ENV, "0")
+    monkeypatch.setenv(loader.ENV, "0")
     slow = _run(*args, stale)
     for a, b in zip(fast, slow, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -79,9 +80,9 @@ def test_backwards_take_either_forwards_results(kind, torch_backward, monkeypatc
     require_cpu_kernel(STEM)
     qkv, omega, scale = _inputs(kind, 2, 150, 2, 7, 24, growing=True)
     args = (kind, qkv, 2, omega, scale, *_options(kind, 24))
-    monkeypatch.setenv(_cpp.ENV, "1" if torch_backward else "0")
+    monkeypatch.setenv(loader.ENV, "1" if torch_backward else "0")
     mixed = _run(*args, torch_backward=torch_backward, monkeypatch=monkeypatch)
-    monkeypatch.setenv(_cpp.ENV, "0")
+    monkeypatch.setenv(loader.ENV, "0")
     slow = _run(*args)
     for a, b in zip(mixed, slow, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
@@ -97,7 +98,7 @@ def test_kernel_gradcheck(kind):
     eps, factor = _options(kind, 5)
 
     def fn(x, s=None):
-        return _kernel_core.kernel_attention_qkv(kind, x, 2, omega.double(), s, eps, factor)
+        return feature_core.feature_attention_qkv(kind, x, 2, omega.double(), s, eps, factor)
     assert torch.autograd.gradcheck(fn, inputs)
 
 
@@ -124,9 +125,9 @@ def test_kernel_features_are_float32_accurate(kind, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     omega = 4 * torch.randn(*((h,) if kind == "fourier" else ()), m, d, generator=gen)  # ωk up to about ±15
     scale = torch.ones(h, 1, d) if kind == "fourier" else None
-    features = _kernel_core.kernel_forward(kind, qkv.view(B, 1, -1), h, omega, scale, None, 1.0)[1][..., -1]
-    monkeypatch.setenv(_cpp.ENV, "0")
-    exact = _kernel_core.kernel_forward(kind, qkv.view(B, 1, -1).double(), h, omega.double(),
+    features = feature_core.feature_core_forward(kind, qkv.view(B, 1, -1), h, omega, scale, None, 1.0)[1][..., -1]
+    monkeypatch.setenv(loader.ENV, "0")
+    exact = feature_core.feature_core_forward(kind, qkv.view(B, 1, -1).double(), h, omega.double(),
                                         None if scale is None else scale.double(), None, 1.0)[1][..., -1]
     tol = {"exp": dict(rtol=1e-6, atol=1e-9), "fourier": dict(rtol=0, atol=5e-7)}[kind]  # exp: 2^x of x = -20 and below
     torch.testing.assert_close(features.double(), exact, **tol)
@@ -138,11 +139,11 @@ def test_kernel_steps_aside_where_it_does_not_apply():
     require_cpu_kernel(STEM)
     qkv, omega, _ = _inputs("exp", 1, 8, 2, 4, 6)
     per_head, scale = omega.expand(2, 6, 4), torch.ones(2, 1, 4)
-    assert _feature_kernel.usable("exp", qkv, omega, None)
-    assert _feature_kernel.usable("fourier", qkv, per_head, scale)
-    assert not _feature_kernel.usable("elu", qkv, None, None)
-    assert not _feature_kernel.usable("exp", qkv, per_head, None)  # one ω per head
-    assert not _feature_kernel.usable("fourier", qkv, per_head, None)
-    assert not _feature_kernel.usable("exp", qkv.bfloat16(), omega, None)
+    assert feature_kernel.usable("exp", qkv, omega, None)
+    assert feature_kernel.usable("fourier", qkv, per_head, scale)
+    assert not feature_kernel.usable("elu", qkv, None, None)
+    assert not feature_kernel.usable("exp", qkv, per_head, None)  # one ω per head
+    assert not feature_kernel.usable("fourier", qkv, per_head, None)
+    assert not feature_kernel.usable("exp", qkv.bfloat16(), omega, None)
     with FlopCounterMode(display=False):  # counts the PyTorch path's matmuls
-        assert not _feature_kernel.usable("exp", qkv, omega, None)
+        assert not feature_kernel.usable("exp", qkv, omega, None)

@@ -11,9 +11,9 @@ import torch
 from conftest import backends, make_attention
 
 from vitzoo.attention import ConfigError
-from vitzoo.attention._halo import HaloGroup, axis_plan
-from vitzoo.attention._neighbourhood import axis_mask
-from vitzoo.attention._sparse import SparsePatternAttention
+from vitzoo.attention.sparse.geometry import axis_mask
+from vitzoo.attention.sparse.halo import HaloGroup, axis_plan
+from vitzoo.attention.sparse.pattern import SparsePatternAttention
 
 SPARSE = backends("sparse", SparsePatternAttention)
 AXES = [(n, k, dil, border) for n in range(1, 14) for k in (1, 3, 5) for dil in (1, 2, 3) for border in ("shift", "mask")

@@ -7,10 +7,10 @@ from conftest import Host, attention_yaml, backends, make_attention, use_cpu_ker
 
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention
-from vitzoo.attention._kernel import RandomFeatureAttention, redraw_random_features
-from vitzoo.attention.base import dense_attention
-from vitzoo.attention.performer import favor_features
-from vitzoo.attention.rfa import fourier_features
+from vitzoo.attention.functional import dense_attention
+from vitzoo.attention.linear.performer import favor_features
+from vitzoo.attention.linear.random_features import RandomFeatureAttention, redraw_random_features
+from vitzoo.attention.linear.rfa import fourier_features
 from vitzoo.flops import flop_analysis
 
 KERNEL_BACKENDS = backends("kernel")  # from the registry: linformer, performer, linear, efficient, rfa, ...
@@ -191,9 +191,9 @@ def _core_inputs(kind: str, tokens: int):
 @pytest.mark.parametrize("chunk", [1 << 20, 40, 12], ids=["one_chunk", "chunks", "token_blocks"])
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
 def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
-    """Hand-written backward of KernelAttention's PyTorch path against finite differences (float64, several
+    """Hand-written backward of FeatureAttentionCore's PyTorch path against finite differences (float64, several
     chunks; the compiled kernel: tests/test_feature_kernel.py)."""
-    from vitzoo.attention import _kernel_core
+    from vitzoo.attention.linear import feature_core
 
     use_cpu_kernel("feature_attention", False, monkeypatch)
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
@@ -202,7 +202,7 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     inputs = (qkv,) if scale is None else (qkv, scale)
 
     def fn(*args):
-        return _kernel_core.kernel_attention_qkv(kind, args[0], h, omega, args[1] if len(args) > 1 else scale, eps, factor)
+        return feature_core.feature_attention_qkv(kind, args[0], h, omega, args[1] if len(args) > 1 else scale, eps, factor)
     assert torch.autograd.gradcheck(fn, inputs)
 
 
@@ -212,7 +212,7 @@ def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, mo
     """Backward takes g·out from the returned output and releases it; a second backward of the retained graph
     recomputes φ(Q)[kv | z] instead and gives the same gradients; an output changed in place is not used (the
     PyTorch path, and the compiled "exp" and "fourier" kernel)."""
-    from vitzoo.attention import _kernel_core
+    from vitzoo.attention.linear import feature_core
 
     use_cpu_kernel("feature_attention", kernel, monkeypatch)
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 12)  # several (image, head) chunks and token blocks
@@ -220,7 +220,7 @@ def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, mo
     inputs = [t for t in (qkv, scale) if t is not None]
 
     def run():
-        return _kernel_core.kernel_attention_qkv(kind, qkv, CORE_HEADS, omega, scale, eps, factor)
+        return feature_core.feature_attention_qkv(kind, qkv, CORE_HEADS, omega, scale, eps, factor)
     y = run()
     g_y = torch.randn_like(y)
     assert y.grad_fn.out is not None
@@ -255,19 +255,18 @@ def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
 
 
 def test_efficient_core_gradcheck(monkeypatch):
-    from vitzoo.attention import _efficient_core, _kernel_core
+    from vitzoo.attention.linear import efficient_core
 
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 40)  # several chunks
     qkv = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda t: _efficient_core.efficient_attention_qkv(t, 2), (qkv,))
+    assert torch.autograd.gradcheck(lambda t: efficient_core.efficient_attention_qkv(t, 2), (qkv,))
 
 
 @pytest.mark.parametrize("mats,heads", [(2, 3), (2, 1), (1, 1)], ids=["none", "headwise", "kv"])
 @pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_chunk", "chunks"])
 def test_linformer_core_gradcheck(mats, heads, chunk, monkeypatch):
     """Hand-written backward of LinformerCore (probabilities recomputed) against finite differences."""
-    from vitzoo.attention import _kernel_core
-    from vitzoo.attention.linformer import linformer_attention_qkv
+    from vitzoo.attention.low_rank.linformer import linformer_attention_qkv
 
     monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)

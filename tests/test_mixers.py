@@ -11,8 +11,8 @@ from fvcore.nn.jit_analysis import _IGNORED_OPS as _FVCORE_IGNORED
 
 import vitzoo
 from vitzoo.attention import ConfigError, attention_config, dense_attention
-from vitzoo.attention.fnet import FNetMixing, fft_macs
-from vitzoo.attention.nystrom import iterative_pinv, segments
+from vitzoo.attention.low_rank.nystrom import iterative_pinv, segments
+from vitzoo.attention.token_mixing.fnet import FNetMixing, fft_macs
 from vitzoo.flops import IGNORED_OPS, count_flops, flop_analysis
 
 MINE = backends("mixers")  # from the registry: nystrom, compressed, synthesizer, fnet, gmlp, mixer, ...

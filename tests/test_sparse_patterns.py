@@ -13,9 +13,10 @@ from conftest import Host, RecordShapes, attention_yaml, backends, make_attentio
 from torch.utils.checkpoint import checkpoint
 
 from vitzoo import create_model
-from vitzoo.attention import ConfigError, MixerContext, _gather, build_attention
-from vitzoo.attention._neighbourhood import axis_index, fit_dilation, neighbourhood_index
-from vitzoo.attention._sparse import SparsePatternAttention
+from vitzoo.attention import ConfigError, MixerContext, build_attention
+from vitzoo.attention.sparse import gather
+from vitzoo.attention.sparse.geometry import axis_index, fit_dilation, neighbourhood_index
+from vitzoo.attention.sparse.pattern import SparsePatternAttention
 from vitzoo.flops import evaluate_formula, flop_analysis
 
 SPARSE = backends("sparse", SparsePatternAttention)  # from the registry: local, dilated, global_tokens, ...
@@ -208,7 +209,7 @@ def test_gradients_match_reference(name, grid, prefix, path, monkeypatch):
     if path == "chunked":
         monkeypatch.setattr(_gather, "GATHER_ELEMS", 1)  # one block per fused call
     if path == "checkpoint":
-        monkeypatch.setattr(_gather._BlockSDPA, "apply", lambda *a: checkpoint(_gather._block_sdpa, *a, 0.0,
+        monkeypatch.setattr(gather._BlockSDPA, "apply", lambda *a: checkpoint(gather._block_sdpa, *a, 0.0,
                                                                                 use_reentrant=False))
     torch.manual_seed(0)
     attn = make_attention(name, grid, prefix).double().train()
@@ -243,6 +244,6 @@ def test_block_attention_gradcheck(per_head, kernel, monkeypatch):
 
     def fn(qkv, glob):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, c, L, d] views
-        return _gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.5, 0.0, glob, glob * 2, out_ids)
+        return gather.block_attention(q, k, v, q_ids, k_ids, mask, 0.5, 0.0, glob, glob * 2, out_ids)
 
     assert torch.autograd.gradcheck(fn, (qkv, glob))

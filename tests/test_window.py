@@ -25,7 +25,7 @@ import torch
 
 import vitzoo
 from vitzoo.attention import MixerContext, build_attention
-from vitzoo.attention.window import window_index
+from vitzoo.attention.dense.window import window_index
 
 M = 4
 # (grid, prefix tokens): divisible, padded by M/2 (6 = 4 + 2, 10 = 8 + 2), padded by other amounts (7 = 4 + 3,
@@ -141,9 +141,9 @@ def test_output_equals_dense_oracle(grid, prefix, shifted, path, monkeypatch):
     """Both paths (the CPU core; SDPA, which CUDA, dropout, tracing and small inference calls take) give the
     oracle's output."""
     if path == "sdpa":
-        monkeypatch.setattr(vitzoo.attention.window, "core_applies", lambda qkv, p, n: False)
+        monkeypatch.setattr(vitzoo.attention.dense.window, "core_applies", lambda qkv, p, n: False)
     else:
-        monkeypatch.setattr(vitzoo.attention._window_core, "INFER_MIN_WINDOW_HEADS", 0)
+        monkeypatch.setattr(vitzoo.attention.dense.window_core, "INFER_MIN_WINDOW_HEADS", 0)
     attn = window_mixer(grid, prefix, shifted)
     torch.manual_seed(2)
     x = torch.randn(2, prefix + grid[0] * grid[1], 16, dtype=torch.float64)
@@ -160,7 +160,7 @@ def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
     """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64), with the
     probabilities recomputed from the log-sum-exp or kept from forward. The windows read shuffled tokens; with the
     mask also padding slots (masked as keys) and a prefix token."""
-    from vitzoo.attention import _window_core
+    from vitzoo.attention.dense import window_core
 
     monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
     monkeypatch.setattr(_window_core, "_keeps_probs", lambda T, head_dim: keep)
@@ -179,7 +179,7 @@ def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
         blocked = (torch.rand(nw, T, T) < 0.4) | (index < 0)[:, None, :]  # padding slots are never keys
         mask = torch.zeros(nw, T, T, dtype=torch.float64).masked_fill(blocked, float("-inf"))
         mask.diagonal(dim1=1, dim2=2).zero_()  # no all-masked row
-    core = _window_core.WindowCore.apply
+    core = window_core.WindowCore.apply
     assert torch.autograd.gradcheck(lambda a, b: core(a, index, prefix, b, mask, h, d ** -0.5), (qkv, bias))
 
 
@@ -189,7 +189,7 @@ def test_window_core_plain_partition(chunk, keep, monkeypatch):
     """A plain partition (no shift, padding or prefix) read through strided views (``partition``) gives the
     gathered path's outputs and gradients, and finite differences agree with its backward (float64); with small
     blocks they hold whole rows of windows."""
-    from vitzoo.attention import _window_core
+    from vitzoo.attention.dense import window_core
 
     monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
     monkeypatch.setattr(_window_core, "_keeps_probs", lambda T, head_dim: keep)
@@ -199,7 +199,7 @@ def test_window_core_plain_partition(chunk, keep, monkeypatch):
     qkv = torch.randn(2, H * W, 3 * h * d, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(h, window ** 2, window ** 2, dtype=torch.float64, requires_grad=True)
     g = torch.randn(2, H * W, h * d, dtype=torch.float64)
-    core = _window_core.WindowCore.apply
+    core = window_core.WindowCore.apply
     plain = core(qkv, index, 0, bias, None, h, d ** -0.5, (H, W, window))
     gathered = core(qkv, index, 0, bias, None, h, d ** -0.5)
     torch.testing.assert_close(plain, gathered, rtol=0, atol=1e-12)
@@ -293,7 +293,7 @@ def test_logits_match_timm_swin_on_copied_weights(variant, overrides, batch):
 def test_core_applies_by_mode_and_size():
     """The CPU core runs every training call, and inference calls of at least INFER_MIN_WINDOW_HEADS windows ×
     heads; dropout goes to SDPA."""
-    from vitzoo.attention._window_core import INFER_MIN_WINDOW_HEADS, core_applies
+    from vitzoo.attention.dense.window_core import INFER_MIN_WINDOW_HEADS, core_applies
 
     qkv = torch.zeros(2, 16, 24)
     with torch.no_grad():
