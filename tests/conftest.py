@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs that train.yaml composes)
-from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
+from vitzoo.attention import ATTENTION, MixerContext, attention_family, build_attention, list_attention
 from vitzoo.configs import attention_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,13 +110,13 @@ def attention_classes() -> dict:
 
 
 def backends(family: str = "", base: type = object) -> list[str]:
-    """Registered backends of a family (class attribute ``family``) and/or a base class.
+    """Registered backends of a family (the subpackage of ``vitzoo.attention`` they live in) and/or a base class.
 
     A family's test file uses this instead of a hand-written list, so a backend is covered the
     moment it is registered.
     """
     return [name for name, cls in attention_classes().items()
-            if (not family or cls.family == family) and issubclass(cls, base)]
+            if (not family or attention_family(name) == family) and issubclass(cls, base)]
 
 
 @pytest.fixture(params=ATTENTION_NAMES)

@@ -25,7 +25,7 @@ from vitzoo.attention import before_train_step
 
 TOLERANCE = {torch.bfloat16: 0.02, torch.float16: 0.004}
 ROUTED = backends("data_driven")  # discrete routing: the median-token rule
-KERNEL = backends("kernel")
+KERNEL = backends("linear") + ["linformer"]  # feature-map attention and the projected low-rank one
 RANDOM_FEATURES = ("performer", "rfa")
 GRIDS = {"square": (8, 8), "non_square": (6, 10), "padded": (7, 7)}
 # (name, host, grid): ViT host = class token, Swin host = no prefix (shifted block where the backend shifts)

@@ -15,7 +15,7 @@ from vitzoo.attention.low_rank.nystrom import iterative_pinv, segments
 from vitzoo.attention.token_mixing.fnet import FNetMixing, fft_macs
 from vitzoo.flops import IGNORED_OPS, count_flops, flop_analysis
 
-MINE = backends("mixers")  # from the registry: nystrom, compressed, synthesizer, fnet, gmlp, mixer, ...
+MINE = backends("token_mixing") + [n for n in backends("low_rank") if n != "linformer"]  # + nystrom, compressed
 FIXED = [
     {"name": "mixer"},
     {"name": "gmlp"},

@@ -13,7 +13,7 @@ from conftest import attention_yaml, backends, make_attention
 from torch.nn.attention.flex_attention import create_mask
 
 from vitzoo.attention import ConfigError, attention_config
-from vitzoo.attention.sparse import flex
+from vitzoo.attention.sparse import flex as flex_impl
 from vitzoo.attention.sparse.pattern import SparsePatternAttention
 
 FIXED = backends(base=SparsePatternAttention)
@@ -44,8 +44,8 @@ def test_flex_forward_equals_blocked_and_reference(name, grid, prefix, opts, one
     attn = build(name, grid, prefix, **opts)
     x = torch.randn(2, prefix + grid[0] * grid[1], 32)
     calls = []
-    run = flex.run_flex
-    monkeypatch.setattr(_flex, "run_flex", lambda *a, **k: calls.append(1) or run(*a, **k))
+    run = flex_impl.run_flex
+    monkeypatch.setattr(flex_impl, "run_flex", lambda *a, **k: calls.append(1) or run(*a, **k))
     with torch.no_grad():
         blocked = attn(x, grid)
         assert not calls
@@ -67,7 +67,7 @@ def test_flex_at_another_grid_and_its_mask_is_the_pattern(name, one_thread):
         attn.cfg.impl = "flex"
         torch.testing.assert_close(attn(x, grid), blocked, atol=1e-5, rtol=1e-5)
     P, g, L = attn.num_prefix, attn.num_learned, 60
-    mask_mod = flex.pattern_mask_mod(attn.flex_grid_mod(grid, "cpu"), P, g, L)
+    mask_mod = flex_impl.pattern_mask_mod(attn.flex_grid_mod(grid, "cpu"), P, g, L)
     dense = create_mask(mask_mod, 1, attn.num_heads, P + L, P + g + L, device="cpu")[0]  # [h, P + L, P + g + L]
     assert torch.equal(dense, attn.full_mask(grid).expand_as(dense))
 
@@ -77,7 +77,7 @@ def test_flex_at_another_grid_and_its_mask_is_the_pattern(name, one_thread):
 def test_compiled_flex_equals_blocked(name, opts, monkeypatch):
     """The compiled kernel (what CUDA runs) traces the table lookups of mask_mod/score_mod correctly."""
     attn, x = build(name, (8, 8), 1, **opts), torch.randn(2, 65, 32)
-    monkeypatch.setattr(_flex, "run_flex", functools.partial(flex.run_flex, compiled=True))
+    monkeypatch.setattr(flex_impl, "run_flex", functools.partial(flex_impl.run_flex, compiled=True))
     with torch.no_grad():
         blocked = attn(x, (8, 8))
         attn.cfg.impl = "flex"
@@ -86,10 +86,10 @@ def test_compiled_flex_equals_blocked(name, opts, monkeypatch):
 
 def test_block_mask_is_cached_per_grid_and_rebuilt_with_the_pattern(one_thread):
     attn = build("bigbird", (8, 8), 1)
-    first = flex.flex_mask_at(attn, (8, 8), "cpu", lambda: attn.build_flex((8, 8), "cpu"))
-    assert flex.flex_mask_at(attn, (8, 8), "cpu", lambda: pytest.fail("rebuilt")) is first
+    first = flex_impl.flex_mask_at(attn, (8, 8), "cpu", lambda: attn.build_flex((8, 8), "cpu"))
+    assert flex_impl.flex_mask_at(attn, (8, 8), "cpu", lambda: pytest.fail("rebuilt")) is first
     attn.load_state_dict(attn.state_dict())  # BigBird rebuilds its pattern after a load
-    assert flex.flex_mask_at(attn, (8, 8), "cpu", lambda: "new") == "new"
+    assert flex_impl.flex_mask_at(attn, (8, 8), "cpu", lambda: "new") == "new"
 
 
 @pytest.mark.parametrize("name", FIXED)
@@ -100,16 +100,16 @@ def test_impl_is_validated_and_in_the_yaml(name):
 
 
 def test_auto_picks_flex_on_cuda_only():
-    assert flex.resolve_impl("auto", "cpu") == "blocked"
-    assert flex.resolve_impl("auto", "cuda") == "flex"
-    assert flex.resolve_impl("auto", "cuda", training=True, attn_drop=0.1) == "blocked"  # flex has no dropout
-    assert flex.resolve_impl("blocked", "cuda") == "blocked"
-    assert flex.resolve_impl("flex", "cpu") == "flex"  # forward only
+    assert flex_impl.resolve_impl("auto", "cpu") == "blocked"
+    assert flex_impl.resolve_impl("auto", "cuda") == "flex"
+    assert flex_impl.resolve_impl("auto", "cuda", training=True, attn_drop=0.1) == "blocked"  # flex has no dropout
+    assert flex_impl.resolve_impl("blocked", "cuda") == "blocked"
+    assert flex_impl.resolve_impl("flex", "cpu") == "flex"  # forward only
 
 
 def test_auto_runs_blocked_on_cpu_training(one_thread, monkeypatch):
     attn = make_attention("local", (6, 6), 1)  # the YAML default: auto
-    monkeypatch.setattr(_flex, "run_flex", lambda *a, **k: pytest.fail("flex on CPU under auto"))
+    monkeypatch.setattr(flex_impl, "run_flex", lambda *a, **k: pytest.fail("flex on CPU under auto"))
     attn(torch.randn(1, 37, 32), (6, 6)).sum().backward()
 
 
@@ -121,7 +121,7 @@ def test_flex_where_it_cannot_run_is_a_one_line_error(one_thread):
     with torch.no_grad():
         assert attn(x, (6, 6)).shape == x.shape  # forward only is fine
     with pytest.raises(ConfigError, match=r"attention\.impl=flex has no attention dropout"):
-        flex.resolve_impl("flex", "cuda", training=True, attn_drop=0.1)
+        flex_impl.resolve_impl("flex", "cuda", training=True, attn_drop=0.1)
 
 
 def test_flops_do_not_depend_on_impl():

@@ -15,21 +15,20 @@ from conftest import (
     token_by_token,
 )
 
-from vitzoo.attention import ConfigError, attention_config, list_attention
-from vitzoo.attention.base import FAMILIES
+from vitzoo.attention import FAMILY_PACKAGES, ConfigError, attention_config, attention_family, list_attention
 from vitzoo.flops import flop_analysis
 
 # (grid, prefix tokens): square with a class token, the smallest Swin stage, and a non-square grid
 CASES = [((8, 8), 1), ((4, 4), 0), ((6, 10), 0)]
 
 
-def test_every_backend_has_a_family():
-    """``family`` picks the backend-specific test file (tests derive their lists from it)."""
-    for name, cls in attention_classes().items():
-        assert cls.family in FAMILIES, f"{name}: family {cls.family!r} not in {sorted(FAMILIES)}"
-    for family, path in FAMILIES.items():
-        assert (CONFIGS.parent / path).exists(), path
+def test_every_backend_lives_in_a_family_with_its_tests():
+    """A backend's family is its subpackage; every family has backends and a test folder mirroring it."""
+    for name in attention_classes():
+        assert attention_family(name) in FAMILY_PACKAGES, f"{name}: defined outside the family subpackages"
+    for family in FAMILY_PACKAGES:
         assert backends(family), f"no registered backend of family {family}"
+        assert (CONFIGS.parent / "vitzoo" / "attention" / family / "__init__.py").exists(), family
 
 
 def test_every_backend_has_a_config_file():

@@ -1,12 +1,12 @@
-"""vitzoo's compiled random-feature kernel (vitzoo/attention/csrc/feature_attention.cpp) against the PyTorch path
+"""vitzoo's compiled random-feature kernel (vitzoo/cpu_kernels/csrc/feature_attention.cpp) against the PyTorch path
 of :mod:`vitzoo.attention.linear.feature_core`: performer's ``"exp"`` map and rfa's ``"fourier"`` map.
 
 The per-head references (``favor_features``, ``fourier_features`` and the explicit kernel matrix) run through the
-kernel in tests/test_kernel_attention.py and tests/test_attention.py; here the kernel and the PyTorch path (no
+kernel in tests/attention/linear/test_feature_map_attention.py and tests/attention/test_registry.py; here the kernel and the PyTorch path (no
 shared code past the arguments) get odd shapes: head dims and feature counts that are not multiples of a vector,
 token counts that leave a partial block of 64, keys whose largest exponent grows from block to block (the running
 maximum rescales the sums), no normaliser floor, a constant factor, and an output changed in place (backward
-recomputes φ(Q)(φ(K)ᵀV)). The build and its fallback: tests/test_cpu_kernels.py.
+recomputes φ(Q)(φ(K)ᵀV)). The build and its fallback: tests/cpu_kernels/test_cpu_kernels.py.
 """
 from __future__ import annotations
 

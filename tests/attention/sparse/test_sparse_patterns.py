@@ -1,6 +1,6 @@
 """Fixed sparse patterns (local, dilated, global_tokens, longformer, bigbird, multi_pattern).
 
-The generic registry tests (tests/test_attention.py) cover shapes, gradients, agreement with the
+The generic registry tests (tests/attention/test_registry.py) cover shapes, gradients, agreement with the
 dense masked reference, FLOPs and determinism; here: bad options, hand-checked index lists, grids
 other than the defaults (padding, a grid other than the construction grid), random-block storage,
 that no N×N tensor is built, linear FLOPs growth and the two CIFAR models.
@@ -207,7 +207,7 @@ def test_gradients_match_reference(name, grid, prefix, path, monkeypatch):
     its gradients for the input and every parameter are those of the dense masked reference."""
     use_cpu_kernel("block_attention", path == "kernel", monkeypatch)
     if path == "chunked":
-        monkeypatch.setattr(_gather, "GATHER_ELEMS", 1)  # one block per fused call
+        monkeypatch.setattr(gather, "GATHER_ELEMS", 1)  # one block per fused call
     if path == "checkpoint":
         monkeypatch.setattr(gather._BlockSDPA, "apply", lambda *a: checkpoint(gather._block_sdpa, *a, 0.0,
                                                                                 use_reentrant=False))
@@ -230,7 +230,7 @@ def test_block_attention_gradcheck(per_head, kernel, monkeypatch):
     global keys joined per chunk, output rows picked by ``out_ids`` (one slot dropped), shared or per-head key
     ids, q/k/v as strided views of one fused projection output."""
     use_cpu_kernel("block_attention", kernel, monkeypatch)
-    monkeypatch.setattr(_gather, "GATHER_ELEMS", 2 * 2 * 3 * 4)  # 2 blocks of 3 keys for 2 heads of d = 4
+    monkeypatch.setattr(gather, "GATHER_ELEMS", 2 * 2 * 3 * 4)  # 2 blocks of 3 keys for 2 heads of d = 4
     torch.manual_seed(0)
     qkv = torch.randn(2, 7, 3, 2, 4, dtype=torch.float64, requires_grad=True)  # [B, L, 3, c, d]
     glob = torch.randn(2, 2, 1, 4, dtype=torch.float64, requires_grad=True)  # [B, c, G, d]

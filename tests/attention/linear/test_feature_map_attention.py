@@ -1,4 +1,4 @@
-"""Backend-specific tests of the kernel and low-rank backends: linformer, performer, linear, efficient, rfa."""
+"""Backend-specific tests of the feature-map and Linformer backends: linformer, performer, linear, efficient, rfa."""
 from __future__ import annotations
 
 import pytest
@@ -6,15 +6,15 @@ import torch
 from conftest import Host, attention_yaml, backends, make_attention, use_cpu_kernel
 
 from vitzoo import create_model
-from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention
+from vitzoo.attention import ConfigError, MixerContext, attention_config, before_train_step, build_attention, functional
 from vitzoo.attention.functional import dense_attention
 from vitzoo.attention.linear.performer import favor_features
-from vitzoo.attention.linear.random_features import RandomFeatureAttention, redraw_random_features
+from vitzoo.attention.linear.random_features import RandomFeatureAttention
 from vitzoo.attention.linear.rfa import fourier_features
 from vitzoo.flops import flop_analysis
 
-KERNEL_BACKENDS = backends("kernel")  # from the registry: linformer, performer, linear, efficient, rfa, ...
-RANDOM_FEATURES = backends("kernel", RandomFeatureAttention)  # performer, rfa, ...
+KERNEL_BACKENDS = backends("linear") + ["linformer"]  # the linear family (registry) and the projected low-rank one
+RANDOM_FEATURES = backends("linear", RandomFeatureAttention)  # performer, rfa, ...
 
 
 @pytest.mark.parametrize("spec,option", [
@@ -46,12 +46,12 @@ def test_features_fixed_in_eval_and_redrawn_in_training(name):
     assert torch.equal(attn.features.weight, first), "eval must never redraw"
     attn.train()
     for _ in range(3):  # steps 0, 1, 2 use the first draw
-        redraw_random_features(attn)
+        before_train_step(attn)
         attn(x, (8, 8))
     assert torch.equal(attn.features.weight, first)
     attn(x, (8, 8))  # forward alone never redraws
     assert torch.equal(attn.features.weight, first)
-    redraw_random_features(attn)  # step 3: redrawn before use
+    before_train_step(attn)  # step 3: redrawn before use
     second = attn.features.weight.clone()
     assert not torch.equal(second, first)
     # draws depend only on (layer index, draw count): a fresh layer gives the same sequence
@@ -66,7 +66,7 @@ def test_redraw_interval_zero_never_redraws():
     attn = make_attention("performer", redraw_interval=0)
     first = attn.features.weight.clone()
     for _ in range(4):
-        redraw_random_features(attn)
+        before_train_step(attn)
         attn(torch.randn(1, 65, 32), (8, 8))
     assert torch.equal(attn.features.weight, first)
 
@@ -192,11 +192,11 @@ def _core_inputs(kind: str, tokens: int):
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
 def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     """Hand-written backward of FeatureAttentionCore's PyTorch path against finite differences (float64, several
-    chunks; the compiled kernel: tests/test_feature_kernel.py)."""
+    chunks; the compiled kernel: tests/cpu_kernels/test_feature_kernel.py)."""
     from vitzoo.attention.linear import feature_core
 
     use_cpu_kernel("feature_attention", False, monkeypatch)
-    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(functional, "CHUNK_ELEMENTS", chunk)
     qkv, omega, scale, eps, factor = _core_inputs(kind, 5)
     h = CORE_HEADS
     inputs = (qkv,) if scale is None else (qkv, scale)
@@ -215,7 +215,7 @@ def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, mo
     from vitzoo.attention.linear import feature_core
 
     use_cpu_kernel("feature_attention", kernel, monkeypatch)
-    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 12)  # several (image, head) chunks and token blocks
+    monkeypatch.setattr(functional, "CHUNK_ELEMENTS", 12)  # several (image, head) chunks and token blocks
     qkv, omega, scale, eps, factor = _core_inputs(kind, 7)
     inputs = [t for t in (qkv, scale) if t is not None]
 
@@ -257,7 +257,7 @@ def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
 def test_efficient_core_gradcheck(monkeypatch):
     from vitzoo.attention.linear import efficient_core
 
-    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", 40)  # several chunks
+    monkeypatch.setattr(functional, "CHUNK_ELEMENTS", 40)  # several chunks
     qkv = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: efficient_core.efficient_attention_qkv(t, 2), (qkv,))
 
@@ -268,7 +268,7 @@ def test_linformer_core_gradcheck(mats, heads, chunk, monkeypatch):
     """Hand-written backward of LinformerCore (probabilities recomputed) against finite differences."""
     from vitzoo.attention.low_rank.linformer import linformer_attention_qkv
 
-    monkeypatch.setattr(_kernel_core, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(functional, "CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
     qkv = torch.randn(2, 10, 3 * 3 * 4, dtype=torch.float64, requires_grad=True)
     proj = torch.randn(mats, heads, 10, 5, dtype=torch.float64, requires_grad=True)

@@ -1,7 +1,7 @@
 """Window attention (Swin W-MSA / SW-MSA) against an oracle written here from the Swin paper, and the whole
 Swin backbone against timm's ``SwinTransformer`` on copied weights.
 
-The oracle shares no code with ``vitzoo/attention/window.py``: it never rolls, partitions or builds a
+The oracle shares no code with ``vitzoo/attention/dense/window.py``: it never rolls, partitions or builds a
 mask tensor the way the backend does. It states which (query, key) token pairs may interact, from each
 token's (row, column) alone:
 
@@ -162,8 +162,8 @@ def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
     mask also padding slots (masked as keys) and a prefix token."""
     from vitzoo.attention.dense import window_core
 
-    monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
-    monkeypatch.setattr(_window_core, "_keeps_probs", lambda T, head_dim: keep)
+    monkeypatch.setattr(window_core, "SCORE_ELEMENTS", chunk)
+    monkeypatch.setattr(window_core, "_keeps_probs", lambda T, head_dim: keep)
     torch.manual_seed(0)
     B, h, d, nw, m2 = 2, 2, 3, 3, 4
     prefix, padding = (1, 2) if masked else (0, 0)
@@ -191,8 +191,8 @@ def test_window_core_plain_partition(chunk, keep, monkeypatch):
     blocks they hold whole rows of windows."""
     from vitzoo.attention.dense import window_core
 
-    monkeypatch.setattr(_window_core, "SCORE_ELEMENTS", chunk)
-    monkeypatch.setattr(_window_core, "_keeps_probs", lambda T, head_dim: keep)
+    monkeypatch.setattr(window_core, "SCORE_ELEMENTS", chunk)
+    monkeypatch.setattr(window_core, "_keeps_probs", lambda T, head_dim: keep)
     torch.manual_seed(0)
     (H, W), window, h, d = (4, 6), 2, 2, 3
     index, _ = window_index((H, W), window, 0, 0)  # [nW, M²]

@@ -1,7 +1,7 @@
-"""vitzoo's compiled CPU kernels (vitzoo/attention/loader.py, vitzoo/attention/csrc/*.cpp): every kernel builds where
+"""vitzoo's compiled CPU kernels (vitzoo/cpu_kernels/loader.py, vitzoo/cpu_kernels/csrc/*.cpp): every kernel builds where
 CI runs, each is wired to a module, and a failed build warns once and leaves the PyTorch path running.
 
-The kernels' numbers: tests/test_block_kernel.py and tests/test_feature_kernel.py."""
+The kernels' numbers: tests/cpu_kernels/test_block_kernel.py and test_feature_kernel.py."""
 from __future__ import annotations
 
 import os
@@ -44,8 +44,8 @@ def test_build_failure_warns_once_and_falls_back(stem, monkeypatch):
     def broken(name):
         calls.append(name)
         raise RuntimeError("Ninja is required to load C++ extensions")
-    monkeypatch.setattr(_cpp, "_state", {})
-    monkeypatch.setattr(_cpp, "_build", broken)
+    monkeypatch.setattr(loader, "_state", {})
+    monkeypatch.setattr(loader, "_build", broken)
     expected = rf"{stem.replace('_', ' ')} kernel could not be built \(RuntimeError: Ninja is required.*{loader.ENV}=0"
     with pytest.warns(RuntimeWarning, match=expected):
         first = _step(BACKEND[stem])
