@@ -1,10 +1,11 @@
 """Package layering, read from the source with ``ast`` (nothing is imported), and module sizes.
 
-attention  <-  layers  <-  models  <-  training / flops / bench
+cpu_kernels  <-  attention  <-  layers  <-  models  <-  training / flops / bench
 
 A lower layer never imports a higher one (not even lazily inside a function); ``vitzoo.flops``
 counts by duck typing (``flops``/``flops_children``) and names no backbone or layer; scripts/ use
-the installed package instead of editing ``sys.path``; no library module is over 400 lines.
+the installed package instead of editing ``sys.path``; no library module is over 400 lines; a private
+module (``_x.py``) is imported only from inside its own package; the modules import each other without cycles.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from conftest import ROOT
 PACKAGE = ROOT / "vitzoo"
 HIGHER = ["vitzoo.layers", "vitzoo.models", "vitzoo.training", "vitzoo.flops", "vitzoo.bench"]
 FORBIDDEN = {
+    "vitzoo.cpu_kernels": ["vitzoo.attention"] + HIGHER,
     "vitzoo.attention": HIGHER,
     "vitzoo.layers": HIGHER[1:],
     "vitzoo.models": HIGHER[2:],
@@ -109,3 +111,59 @@ def test_no_module_over_400_lines_unless_listed():
     too_long = {p: n for p, n in sizes.items() if n > MAX_LINES and p not in LONG_FILES}
     assert not too_long, f"split these modules (or list them with a reason in LONG_FILES): {too_long}"
     assert all(sizes.get(p, 0) > MAX_LINES for p in LONG_FILES), "a listed file is short now: drop it from LONG_FILES"
+
+
+MODULE_NAMES = {module_name(p) for p in MODULES}
+
+
+def vitzoo_imports(path: Path) -> set[str]:
+    """The vitzoo modules ``path`` imports (``from pkg import name`` counts ``pkg.name`` where that is a module)."""
+    return {name for name in imported_modules(path) if name in MODULE_NAMES} - {module_name(path)}
+
+
+def test_private_modules_are_imported_only_inside_their_package():
+    offences = []
+    for path in MODULES:
+        importer = module_name(path)
+        for name in sorted(vitzoo_imports(path)):
+            parts = name.split(".")
+            private = [i for i, part in enumerate(parts) if part.startswith("_") and not part.startswith("__")]
+            if private and not within(importer, ".".join(parts[:private[0]])):
+                offences.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offences, "\n".join(offences)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (module -> modules it imports) as a path that ends where it starts, or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return []
+
+
+def test_cycle_finder():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_cycles():
+    """Not even through lazy imports inside functions: a package's ``__init__`` importing a module that imports
+    the package back counts (``vitzoo.attention`` may be imported by its families, never the other way)."""
+    graph = {module_name(p): vitzoo_imports(p) for p in MODULES}
+    cycle = find_cycle(graph)
+    assert not cycle, " -> ".join(cycle)
