@@ -99,7 +99,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
 
-def head_chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
+def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
     """Block ranges of the fused calls: at most ``scale`` × :data:`GATHER_ELEMS` gathered key elements per image
     each."""
     (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
@@ -247,7 +247,7 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
     B, c, _, d = q.shape
     outs = []
     keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
-    for part in head_chunks(q, k_ids, FORWARD_SCALE):
+    for part in _chunks(q, k_ids, FORWARD_SCALE):
         out = F.scaled_dot_product_attention(_select(q, q_ids, part), *keys(part), attn_mask=_heads_mask(mask, part, c),
                                              dropout_p=p_drop, scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
@@ -281,13 +281,13 @@ class _BlockSDPA(torch.autograd.Function):
         (B, c, _, d), (n, S) = q.shape, q_ids.shape
         out, lse = q.new_empty(B, c, n, S, d), q.new_empty(B, c, n, S)
         keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
-        for part in head_chunks(q, k_ids, FORWARD_SCALE):
+        for part in _chunks(q, k_ids, FORWARD_SCALE):
             m = part.stop - part.start
-            o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            o, lse_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 _select(q, q_ids, part), *keys(part), 0.0, False, attn_mask=_heads_bias(mask, part, c, q.dtype),
                 scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
-            lse[:, :, part] = l.view(B, c, m, S)
+            lse[:, :, part] = lse_part.view(B, c, m, S)
         ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
         out = out.view(B, c, n * S, d)
         return out if out_ids is None else select_rows(out, out_ids)  # [B, c, L_out, d]
@@ -305,7 +305,7 @@ class _BlockSDPA(torch.autograd.Function):
         d_kg, d_vg = (None, None) if k_glob is None else (torch.zeros_like(k_glob), torch.zeros_like(v_glob))
         keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
         heads = None if k_ids.dim() == 2 else _head_offsets(k_ids, (c, k.shape[2]))  # [c, 1, 1]: head·L
-        for part in head_chunks(q, k_ids):
+        for part in _chunks(q, k_ids):
             m = part.stop - part.start
             slots = slice(part.start * S, part.stop * S)
             if rows is None:  # outputs in block order
