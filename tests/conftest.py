@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs that train.yaml composes)
-from vitzoo.attention import ATTENTION, MixerContext, build_attention, list_attention
+from vitzoo.attention import ATTENTION, MixerContext, attention_family, build_attention, list_attention
 from vitzoo.configs import CONFIG_DIR, attention_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,18 +76,18 @@ def token_by_token(shapes, n: int):
 def require_cpu_kernel(stem: str) -> None:
     """Skip, naming why, where vitzoo's compiled CPU kernel ``csrc/<stem>.cpp`` cannot be built (CI must build
     it: tests/test_cpu_kernels.py fails there instead)."""
-    from vitzoo.attention import _cpp
-    if _cpp.extension(stem) is None:
-        pytest.skip(f"the {stem} kernel is not built here (no C++ compiler or ninja, or {_cpp.ENV}=0)")
+    from vitzoo.cpu_kernels import loader
+    if loader.extension(stem) is None:
+        pytest.skip(f"the {stem} kernel is not built here (no C++ compiler or ninja, or {loader.ENV}=0)")
 
 
 def use_cpu_kernel(stem: str, kernel: bool, monkeypatch) -> None:
     """Run the compiled kernel ``stem`` (skipped where it cannot be built) or, ``kernel`` False, the PyTorch path."""
-    from vitzoo.attention import _cpp
+    from vitzoo.cpu_kernels import loader
     if kernel:
         require_cpu_kernel(stem)
     else:
-        monkeypatch.setenv(_cpp.ENV, "0")
+        monkeypatch.setenv(loader.ENV, "0")
 
 
 def make_attention(name: str, grid=(8, 8), num_prefix: int = 1, dim: int = 32, heads: int = 4,
@@ -110,13 +110,13 @@ def attention_classes() -> dict:
 
 
 def backends(family: str = "", base: type = object) -> list[str]:
-    """Registered backends of a family (class attribute ``family``) and/or a base class.
+    """Registered backends of a family (the subpackage of ``vitzoo.attention`` they live in) and/or a base class.
 
     A family's test file uses this instead of a hand-written list, so a backend is covered the
     moment it is registered.
     """
     return [name for name, cls in attention_classes().items()
-            if (not family or cls.family == family) and issubclass(cls, base)]
+            if (not family or attention_family(name) == family) and issubclass(cls, base)]
 
 
 @pytest.fixture(params=ATTENTION_NAMES)

@@ -13,7 +13,7 @@ from conftest import ATTENTION_NAMES, CONFIGS, ROOT, attention_classes, make_att
 
 BACKENDS_DOC = ROOT / "docs" / "backends.md"
 ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \| ([^|]*) \| ([^|]*) \|")
-FLAGS = ("fixed_length", "takes_bias")  # capability flags the table's "notes" column lists
+FLAGS = ("fixed_length",)  # capability flags the table's "notes" column lists
 
 
 def readme_rows() -> dict[str, tuple[str, str, str]]:

@@ -2,7 +2,7 @@
 
 Alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) of one attention layer as
 ``tools/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernels
-(:mod:`vitzoo.attention._cpp`: block attention for the fixed patterns, random features for performer and rfa)
+(:mod:`vitzoo.cpu_kernels.loader`: block attention for the fixed patterns, random features for performer and rfa)
 switched by ``VITZOO_CPU_KERNELS`` between blocks; training steps (forward + backward) or inference
 (``torch.no_grad``).
 Prints the largest difference of the input gradient (train) or output (infer) and the per-block ratios
@@ -19,15 +19,15 @@ from typing import Callable
 import torch
 from ab_module import layer_step  # tools/ is the script's import path
 
-from vitzoo.attention import _cpp
 from vitzoo.bench.memory import _malloc_live
 from vitzoo.bench.timing import time_fns
+from vitzoo.cpu_kernels import loader
 
 
 def switched(step: Callable[[], torch.Tensor], kernel: bool) -> Callable[[], torch.Tensor]:
     """``step`` with the kernels on or off (the environment variable is read at every call)."""
     def call() -> torch.Tensor:
-        os.environ[_cpp.ENV] = "1" if kernel else "0"
+        os.environ[loader.ENV] = "1" if kernel else "0"
         return step()
     return call
 
@@ -41,10 +41,10 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6, help="timed blocks per side (alternating)")
     parser.add_argument("--steps", type=int, default=3, help="calls per block")
     args = parser.parse_args()
-    missing = [stem for stem in ("block_attention", "feature_attention") if _cpp.extension(stem) is None]
+    missing = [stem for stem in ("block_attention", "feature_attention") if loader.extension(stem) is None]
     if missing:
         raise SystemExit(f"the {', '.join(missing)} kernel is not available here (a C++ compiler and ninja are "
-                         f"needed; {_cpp.ENV} must not be 0)")
+                         f"needed; {loader.ENV} must not be 0)")
     _malloc_live(False)  # the benchmark's steady thresholds: freed tensors stay in the heap
     for name in args.attention.split(","):
         for mode in args.mode:

@@ -1,7 +1,7 @@
 """A/B timing of the kernel-attention core (performer, rfa, linear): a git revision's
 ``vitzoo/attention/_kernel_core.py`` against the working tree's, in alternating blocks in one process.
 
-One (image, head)-chunked forward + backward of ``kernel_attention_qkv`` on ``qkv[B, N, 3C]`` (C = 128,
+One (image, head)-chunked forward + backward of ``feature_attention_qkv`` on ``qkv[B, N, 3C]`` (C = 128,
 4 heads, batch 4 by default), as the layer benchmark runs it, with the benchmark's steady malloc
 thresholds. Prints both versions' largest output/gradient difference and the median time of each,
 and the ratio per block pair (the machine's drift cancels in a ratio measured this way). Where the compiled
@@ -23,7 +23,7 @@ from revision import load_revision  # tools/ is the script's import path
 from vitzoo.bench.memory import _malloc_live
 from vitzoo.bench.timing import time_fns
 
-CORE = "vitzoo.attention._kernel_core"
+CORE = "vitzoo.attention.linear.feature_core"
 
 
 def main() -> None:
@@ -52,7 +52,7 @@ def main() -> None:
 
     def step(core: ModuleType) -> tuple[torch.Tensor, torch.Tensor]:
         qkv.grad = None
-        out = core.kernel_attention_qkv(args.kind, qkv, h, omega, scale, eps, factor)
+        out = core.feature_attention_qkv(args.kind, qkv, h, omega, scale, eps, factor)
         out.backward(grad)
         return out.detach(), qkv.grad
 

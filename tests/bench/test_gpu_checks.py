@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from vitzoo.attention import _flex, build_attention
+from vitzoo.attention import build_attention
+from vitzoo.attention.sparse import flex
 from vitzoo.bench import gpu_checks
 from vitzoo.bench.gpu_checks import SIZES, STEPS, GpuCheckOptions, fixed_pattern_backends, run_gpu_checks
 from vitzoo.registry import ConfigError
@@ -60,7 +61,7 @@ def test_cuda_layers_time_both_impls():
 
 
 def test_flex_check_fails_on_a_wrong_output(monkeypatch):
-    run = _flex.run_flex
+    run = flex.run_flex
     monkeypatch.setattr(_flex, "run_flex", lambda *a, **k: run(*a, **k) * 1.001)
     row = gpu_checks.flex_agreement("local", {}, SIZES["smoke"], "cpu")
     assert row["status"].startswith("MISMATCH") and row["blocked_output_err"] < 1e-5 < row["flex_output_err"]

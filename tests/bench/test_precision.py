@@ -21,11 +21,11 @@ import torch
 import torch._dynamo
 from conftest import ATTENTION_NAMES, SHIFT_AWARE, Host, backends, make_attention
 
-from vitzoo.attention._kernel import redraw_random_features
+from vitzoo.attention import before_train_step
 
 TOLERANCE = {torch.bfloat16: 0.02, torch.float16: 0.004}
 ROUTED = backends("data_driven")  # discrete routing: the median-token rule
-KERNEL = backends("kernel")
+KERNEL = backends("linear") + ["linformer"]  # feature-map attention and the projected low-rank one
 RANDOM_FEATURES = ("performer", "rfa")
 GRIDS = {"square": (8, 8), "non_square": (6, 10), "padded": (7, 7)}
 # (name, host, grid): ViT host = class token, Swin host = no prefix (shifted block where the backend shifts)
@@ -167,7 +167,7 @@ def test_compiled_training_step_compiles_once(name, host):
     graphs = []
     compiled = torch.compile(model, backend=counting_backend(graphs))
     for step in range(6):
-        redraw_random_features(model)
+        before_train_step(model)
         x = torch.randn(2, attn.seq_len((6, 6)), 16, requires_grad=True)
         compiled(x).square().sum().backward()
         if step == 0:
@@ -187,7 +187,7 @@ def test_inductor_matches_eager(name):
     model = Host(small(name, "vit"), (6, 6))
     compiled = torch.compile(model)
     x = torch.randn(2, 37, 16, requires_grad=True)
-    redraw_random_features(model)
+    before_train_step(model)
     compiled(x).square().sum().backward()
     grad, x.grad = x.grad, None
     model(x).square().sum().backward()
@@ -269,7 +269,7 @@ def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
     SDPA here) they give it 4-D q/k/v and mask: in inference it takes a fused CPU kernel, never the math path. (In
     training on CPU the learned bias needs a mask gradient, which only the math kernel gives; on CUDA the
     memory-efficient kernel takes it, also only for 4-D inputs.)"""
-    import vitzoo.attention.window as window
+    import vitzoo.attention.dense.window as window
 
     attn = make_attention("window", grid, prefix, shifted=shifted)
     dims = []

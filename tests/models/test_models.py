@@ -95,7 +95,7 @@ def test_window_without_padding_is_an_error():
 
 def test_shifted_window_mask_blocks_cross_region_pairs():
     """Shifted windows never let a token attend across the wrap-around seam of the roll."""
-    from vitzoo.attention.window import window_mask
+    from vitzoo.attention.dense.window import window_mask
 
     mask = window_mask((8, 8), 4, 2, 0)  # [nW, 16, 16]
     assert mask.shape == (4, 16, 16)

@@ -70,9 +70,9 @@ def test_ab_module_swaps_a_revision_of_a_module_into_its_importers():
     the names other modules imported from it are swapped; a bad module is a one-line error."""
     cmd = [sys.executable, str(ROOT / "tools" / "ab_module.py"), "--rev", "HEAD", "--attention", "bigbird",
            "--tokens", "64", "--blocks", "2", "--steps", "1"]
-    out = subprocess.run(cmd + ["--module", "vitzoo.attention._gather"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(cmd + ["--module", "vitzoo.attention.sparse.gather"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "vitzoo.attention._sparse.block_attention" in out.stdout and "B faster by" in out.stdout
+    assert "vitzoo.attention.sparse.pattern.block_attention" in out.stdout and "B faster by" in out.stdout
     bad = subprocess.run(cmd + ["--module", "vitzoo.no_such_module"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "pass --rev a revision of this repository and --module" in bad.stderr
 

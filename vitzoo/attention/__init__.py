@@ -1,8 +1,18 @@
-"""Attention backends (token mixers): one file per family, one strict registry.
+"""Attention backends (token mixers): one subpackage per family, one strict registry.
 
 ``register_attention(name, ConfigDataclass)`` registers a :class:`TokenMixer`;
 ``build_attention(spec, ctx)`` builds one from ``"name"`` or ``{"name": ..., **options}``.
-Every module in this package is imported on first use, so a new file registers itself.
+
+Families (the subpackage a backend's module lives in, :func:`attention_family`):
+
+* ``dense``: global softmax attention and Swin's shifted windows.
+* ``sparse``: fixed sparse patterns (neighbourhoods, dilation, global tokens, Longformer, BigBird).
+* ``data_driven``: content-based buckets (LSH, k-means routing, Sinkhorn sorting).
+* ``linear``: feature-map attention (elu, Efficient Attention, Performer, RFA).
+* ``low_rank``: projected or compressed keys and values (Linformer, Nyström, compressed).
+* ``token_mixing``: attention-free or synthesised mixing (Synthesizer, FNet, gMLP, MLP-Mixer).
+
+Every module of every family is imported on first use (:func:`list_attention`), so a new file registers itself.
 """
 from __future__ import annotations
 
@@ -11,11 +21,14 @@ import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
-from vitzoo.attention.base import MixerContext, QKVAttention, TokenMixer, dense_attention
+from torch import nn
+
+from vitzoo.attention.base import MixerContext, QKVAttention, TokenMixer
+from vitzoo.attention.functional import dense_attention
 from vitzoo.registry import ConfigError, Registry
 
 ATTENTION = Registry("attention")
-_SKIP = {"base"}
+FAMILY_PACKAGES = ("dense", "sparse", "data_driven", "linear", "low_rank", "token_mixing")
 
 
 def register_attention(name: str, config_cls: type):
@@ -24,9 +37,12 @@ def register_attention(name: str, config_cls: type):
 
 
 def _load_all() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in _SKIP and not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    """Import every public module of every family subpackage (each registers its backends)."""
+    for family in FAMILY_PACKAGES:
+        package = importlib.import_module(f"{__name__}.{family}")
+        for info in pkgutil.iter_modules(package.__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{package.__name__}.{info.name}")
 
 
 def list_attention() -> list[str]:
@@ -42,8 +58,15 @@ def attention_config(spec: str | Mapping[str, Any] | Any) -> Any:
 
 
 def attention_class(spec: str | Mapping[str, Any] | Any) -> type:
+    """The :class:`TokenMixer` subclass registered for ``spec`` (a name, a mapping or a config)."""
     cfg = attention_config(spec)
     return ATTENTION.get(ATTENTION.name_of(cfg))[0]
+
+
+def attention_family(spec: str | Mapping[str, Any] | Any) -> str:
+    """The family of a backend: the subpackage its class is defined in (one of :data:`FAMILY_PACKAGES`)."""
+    module = attention_class(spec).__module__
+    return module[len(__name__) + 1:].split(".")[0]
 
 
 def build_attention(spec: str | Mapping[str, Any] | Any, ctx: MixerContext) -> TokenMixer:
@@ -58,7 +81,20 @@ def build_attention(spec: str | Mapping[str, Any] | Any, ctx: MixerContext) -> T
     return cls(cfg, ctx)
 
 
+def before_train_step(model: nn.Module) -> None:
+    """Call :meth:`TokenMixer.before_train_step` of every token mixer in ``model``, once per training step and
+    outside the (possibly compiled) forward: random-feature backends count the step and redraw there.
+
+    Args:
+        model: a network or a single mixer.
+    """
+    for module in model.modules():
+        if isinstance(module, TokenMixer):
+            module.before_train_step()
+
+
 __all__ = [
-    "ATTENTION", "ConfigError", "MixerContext", "QKVAttention", "TokenMixer", "attention_class",
-    "attention_config", "build_attention", "dense_attention", "list_attention", "register_attention",
+    "ATTENTION", "FAMILY_PACKAGES", "ConfigError", "MixerContext", "QKVAttention", "TokenMixer", "attention_class",
+    "attention_config", "attention_family", "before_train_step", "build_attention", "dense_attention",
+    "list_attention", "register_attention",
 ]

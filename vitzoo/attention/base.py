@@ -13,23 +13,23 @@ Contract (one interface for every mixer):
 * ``formula``: the cost as text, e.g. ``"4NC² + 2N²C"``, shown next to the numbers.
 * ``reference(x, grid)``: a plain, slow implementation of the same maths (explicit
   ``softmax(QKᵀ/√d)V`` with the pattern's mask for sparse backends) that tests compare against.
+* ``before_train_step()``: per-step state, called once before every training step, outside ``forward``
+  (:func:`vitzoo.attention.before_train_step` calls it for every mixer of a model). The default does
+  nothing; random-feature backends count the step and redraw their features when due.
 
 Capability flags are class attributes checked when the model is built:
 
 * ``fixed_length``: parameters depend on the sequence length fixed at construction.
-* ``takes_bias``: ``forward`` accepts an additive attention bias/mask.
 * ``linear_cost``: cost grows linearly with N at fixed options (sparse, windowed, linear backends).
+* ``impls``: the values the config's ``impl`` option accepts (empty: the backend has one implementation).
 
-``family`` names the group of backends a class belongs to (a key of :data:`FAMILIES`); the test
-file :data:`FAMILIES` names for it picks its backends from the registry by this attribute.
+A backend's family is the subpackage its module lives in (:func:`vitzoo.attention.attention_family`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -37,14 +37,6 @@ from vitzoo.registry import ConfigError
 
 Grid = tuple[int, int]
 
-FAMILIES = {
-    "dense": "tests/test_attention.py",  # global softmax attention
-    "window": "tests/test_attention.py",  # Swin windows (padding, shift and partition inside the backend)
-    "sparse": "tests/test_sparse_patterns.py",  # fixed sparse patterns (index buffers)
-    "data_driven": "tests/test_data_driven.py",  # sort / cluster / bucket by content
-    "kernel": "tests/test_kernel_attention.py",  # kernel (feature-map) and low-rank attention
-    "mixers": "tests/test_mixers.py",  # landmarks, compression, synthesised weights, attention-free mixers
-}
 
 
 @dataclass(frozen=True)
@@ -115,10 +107,9 @@ class TokenMixer(nn.Module):
     """
 
     formula: ClassVar[str] = ""  # the one source of the cost text (README and YAML headers are tested against it)
-    family: ClassVar[str] = ""  # one of FAMILIES
     fixed_length: ClassVar[bool] = False
-    takes_bias: ClassVar[bool] = False
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
+    impls: ClassVar[tuple[str, ...]] = ()  # values of the config's ``impl`` option (empty: no such option)
     flop_handles: ClassVar[dict] = {}  # extra fvcore op handles this backend needs, e.g. {"aten::fft_fft2": fn}
     registry_name: ClassVar[str]
 
@@ -156,6 +147,9 @@ class TokenMixer(nn.Module):
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def before_train_step(self) -> None:
+        """Per-step state, called before every training step outside ``forward`` (default: nothing)."""
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         """Values of the symbols used in :attr:`formula` (N, C, h, ... ) at ``grid``."""
@@ -241,56 +235,3 @@ class QKVAttention(TokenMixer):
         raise NotImplementedError
 
 
-def resample_tokens(t: Tensor, src: Grid, dst: Grid, num_prefix: int, dim: int) -> Tensor:
-    """Resample axis ``dim`` of ``t`` (length ``P + src_H·src_W``) to ``P + dst_H·dst_W``.
-
-    Prefix entries are kept; grid entries are bilinearly interpolated as an image. Used by
-    fixed-length mixers with ``interpolate: true``.
-    """
-    if tuple(src) == tuple(dst):
-        return t
-    t = t.movedim(dim, -1)
-    lead = t.shape[:-1]
-    prefix, body = t[..., :num_prefix], t[..., num_prefix:].reshape(-1, 1, *src)  # [L, 1, H, W]
-    body = F.interpolate(body, size=tuple(dst), mode="bilinear", align_corners=False).reshape(*lead, -1)
-    return torch.cat([prefix, body], dim=-1).movedim(-1, dim)
-
-
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor] = None,
-                    bias: Optional[Tensor] = None) -> Tensor:
-    """Plain ``softmax(QKᵀ/√d + bias)V`` for references and tests (materialises N×N on purpose).
-
-    Args:
-        q: ``[..., Nq, d]``; k, v: ``[..., Nk, d]``.
-        allowed: boolean ``[..., Nq, Nk]`` (broadcastable), True where a query may attend.
-        bias: additive ``[..., Nq, Nk]`` (broadcastable).
-    """
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [..., Nq, Nk]
-    if bias is not None:
-        scores = scores + bias
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores.softmax(dim=-1) @ v
-
-
-# exp(x) = 2^(x·log2 e): the CPU kernels (window, block and kernel attention) fold log2 e into a scale they
-# apply anyway and call exp2_. torch's CPU exp (MKL's vector exp) is 1.8x slower than exp2 on ordinary inputs,
-# 4-5x on -inf (masked scores) and ~30x on inputs that underflow (Swin's -100 mask); exp2 has no such
-# slow path (2-core AMD EPYC, Zen 2).
-LOG2E = math.log2(math.e)
-
-
-def tracing() -> bool:
-    """Whether the call is being traced or compiled (``torch.compile``/``torch.export``, ``torch.jit.trace``,
-    ONNX export): the fast paths' custom autograd Functions and storage views then give way to plain ops."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-
-
-def sdpa_flops(batch: int, heads: int, nq: int, nk: int, d: int, dv: Optional[int] = None) -> int:
-    """MACs of ``softmax(QKᵀ)V``: ``QKᵀ`` is nq·nk·d, ``AV`` is nq·nk·dv, per batch and head."""
-    return batch * heads * nq * nk * (d + (dv if dv is not None else d))
-
-
-def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0) -> Tensor:
-    """``F.scaled_dot_product_attention`` (fused kernels); vitzoo's fvcore handle counts it."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)

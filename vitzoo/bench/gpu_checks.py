@@ -3,7 +3,7 @@
 The CPU suite cannot check these: FlexAttention's backward (torch has none on the CPU) and its compiled
 speed, bf16 on hardware that has it, and throughput on a GPU. The steps, most valuable first:
 
-1. ``flex``: every fixed-pattern backend (each :class:`~vitzoo.attention._sparse.SparsePatternAttention`
+1. ``flex``: every fixed-pattern backend (each backend whose ``impls`` include ``flex``
    in the registry, and ``local`` with its relative position bias) with ``impl=flex`` and ``impl=blocked``
    against the float64 dense reference (:meth:`reference`): the outputs and, where FlexAttention has a
    backward (CUDA), the gradients of the input and of every parameter. float32 with TF32 off.
@@ -36,7 +36,6 @@ from typing import Any, Optional
 import torch
 
 from vitzoo.attention import MixerContext, attention_class, build_attention, list_attention
-from vitzoo.attention._sparse import SparsePatternAttention
 from vitzoo.bench.environment import environment
 from vitzoo.bench.jobs import layer_job, model_ref_job
 from vitzoo.bench.options import BenchOptions, model_img_size, resolve_device
@@ -97,8 +96,8 @@ class GpuCheckOptions:
 
 
 def fixed_pattern_backends() -> list[str]:
-    """Registered backends with a fixed sparse pattern (those with ``attention.impl``)."""
-    return [n for n in list_attention() if issubclass(attention_class(n), SparsePatternAttention)]
+    """Registered backends with a FlexAttention implementation (``"flex"`` among their ``impls``)."""
+    return [n for n in list_attention() if "flex" in attention_class(n).impls]
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -147,8 +146,9 @@ def flex_agreement(name: str, options: dict[str, Any], sizes: dict[str, Any], de
     row: Row = {"backend": name, "options": options, "grid": f"{grid[0]}x{grid[1]}", "prefix": 1,
                 "checked": "output, input and parameter gradients" if backward else "output (no backward here)"}
     for impl in impls:
-        attn.cfg.impl = impl
-        got = _outputs(attn, x, g, grid, backward)
+        layer = build_attention({**attention_options(name), **options, "impl": impl}, ctx).to(device).eval()
+        layer.load_state_dict(attn.state_dict())
+        got = _outputs(layer, x, g, grid, backward)
         row[f"{impl}_output_err"] = _relative_error(got[0], want[0])
         if backward:
             row[f"{impl}_grad_err"] = max(_relative_error(a, b) for a, b in zip(got[1:], want[1:]))

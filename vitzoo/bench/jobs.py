@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vitzoo.attention import MixerContext, build_attention, list_attention
-from vitzoo.attention._kernel import redraw_random_features
+from vitzoo.attention import before_train_step
 from vitzoo.bench.memory import PeakMemory, _malloc_live, is_oom
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
 from vitzoo.bench.timing import Timing, time_fns
@@ -91,7 +91,7 @@ class _ModelSteps:
         self.model.eval()
 
     def train_step(self) -> None:
-        redraw_random_features(self.model)  # as VitModule does before every step (outside the compiled forward)
+        before_train_step(self.model)  # as VitModule does before every step (outside the compiled forward)
         self.opt.zero_grad(set_to_none=True)
         with self.setup.autocast():
             loss = nn.functional.cross_entropy(self.net(self.x), self.y)

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vitzoo.attention._kernel import redraw_random_features
+from vitzoo.attention import before_train_step
 from vitzoo.bench.options import resolve_device
 from vitzoo.bench.timing import time_fns
 from vitzoo.models import create_model, model_config
@@ -77,7 +77,7 @@ class TrainSteps:
 
     def step(self) -> None:
         """One optimizer step: redraw (performer/rfa), forward (autocast in bf16-mixed), backward, update."""
-        redraw_random_features(self.model)
+        before_train_step(self.model)
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.x.device.type, dtype=torch.bfloat16, enabled=self.mode == "bf16-mixed"):
             loss = nn.functional.cross_entropy(self.net(self.x), self.y)

@@ -2,7 +2,8 @@
 linformer and natten layers (optional extras, imported only when installed)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
@@ -59,21 +60,16 @@ def timm_reference(model: nn.Module) -> nn.Module:
     raise ReferenceUnavailable(f"no timm counterpart for {type(model).__name__}")
 
 
-def _opt(cfg: Any, names: Sequence[str], default: Any = None) -> Any:
-    """First option of ``cfg`` among ``names`` that is set (backends name their options freely)."""
-    for n in names:
-        value = getattr(cfg, n, None)
-        if value is not None:
-            return value
-    return default
+def _option(cfg: Any, name: str, default: Any) -> Any:
+    """Option ``name`` of the backend's config dataclass, or ``default`` where the config has no such field."""
+    return getattr(cfg, name) if name in {f.name for f in dataclasses.fields(cfg)} else default
 
 
 def _performer(cfg: Any, ctx: MixerContext) -> Reference:
     from performer_pytorch import SelfAttention  # optional extra: imported only once known to be installed
 
     kwargs = dict(dim=ctx.dim, heads=ctx.num_heads, dim_head=ctx.dim // ctx.num_heads, causal=False,
-                  nb_features=_opt(cfg, ("num_features", "nb_features", "features", "m")),
-                  generalized_attention=str(_opt(cfg, ("kernel",), "softmax")) != "softmax",
+                  nb_features=cfg.num_features, generalized_attention=False,  # performer: the softmax kernel
                   qkv_bias=ctx.qkv_bias, attn_out_bias=True)
     module = SelfAttention(**kwargs)
     return module, kwargs, module
@@ -82,11 +78,9 @@ def _performer(cfg: Any, ctx: MixerContext) -> Reference:
 def _linformer(cfg: Any, ctx: MixerContext) -> Reference:
     from linformer import LinformerSelfAttention  # optional extra: imported only once known to be installed
 
-    share = _opt(cfg, ("share_kv", "sharing"), False)
     kwargs = dict(dim=ctx.dim, seq_len=ctx.num_prefix + ctx.grid[0] * ctx.grid[1],
-                  k=_opt(cfg, ("k", "proj_len", "projected_length"), 256), heads=ctx.num_heads,
-                  dim_head=ctx.dim // ctx.num_heads, share_kv=bool(share) and share not in ("none", "headwise"),
-                  one_kv_head=bool(_opt(cfg, ("one_kv_head",), False)))
+                  k=cfg.k, heads=ctx.num_heads, dim_head=ctx.dim // ctx.num_heads,
+                  share_kv=cfg.sharing == "kv", one_kv_head=False)
     module = LinformerSelfAttention(**kwargs)
     return module, kwargs, module
 
@@ -98,8 +92,8 @@ def _natten(cfg: Any, ctx: MixerContext) -> Reference:
     from natten import NeighborhoodAttention2D  # optional extra: imported only once known to be installed
 
     (H, W), C = ctx.grid, ctx.dim
-    kwargs = dict(embed_dim=C, num_heads=ctx.num_heads, qkv_bias=ctx.qkv_bias, dilation=_opt(cfg, ("dilation",), 1),
-                  kernel_size=_opt(cfg, ("kernel_size", "window_size", "kernel"), 7))
+    kwargs = dict(embed_dim=C, num_heads=ctx.num_heads, qkv_bias=ctx.qkv_bias, dilation=_option(cfg, "dilation", 1),
+                  kernel_size=cfg.kernel_size)
     module = NeighborhoodAttention2D(**kwargs)
 
     def forward(x):

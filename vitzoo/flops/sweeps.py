@@ -227,7 +227,7 @@ def formulas(values: dict[str, Any]) -> int:
         value = evaluate_formula(layer.formula, sym)
         flops = layer.flops(grid)
         mark = "" if value is None else ("= flops()" if round(value) == flops else f"{value / 1e6:.3f} M")
-        flags = ", ".join(f for f in ("fixed_length", "takes_bias") if getattr(layer, f))
+        flags = ", ".join(f for f in ("fixed_length",) if getattr(layer, f))
         rows.append([f"`{name}`", f"`{layer.formula}`", ", ".join(f"{k}={v}" for k, v in sym.items()),
                      f"{flops / 1e6:.3f} M", mark or "(not evaluable)", "yes" if layer.linear_cost else "no", flags])
     text = markdown(header, rows)

@@ -18,7 +18,7 @@ from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitzoo.attention._kernel import redraw_random_features
+from vitzoo.attention import before_train_step
 from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError, build_config
 from vitzoo.training.safe_load import checkpoint_hparams, load_state
@@ -145,7 +145,7 @@ class VitModule(pl.LightningModule):
         return self.run_net(x)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        redraw_random_features(self.net)  # performer/rfa: count the step, redraw ω when due (outside forward)
+        before_train_step(self.net)  # performer/rfa: count the step, redraw ω when due (outside forward)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch

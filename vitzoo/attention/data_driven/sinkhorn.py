@@ -1,0 +1,225 @@
+"""Sparse Sinkhorn attention: learned soft sorting of blocks.
+
+Paper: Tay, Bahri, Yang, Metzler and Juan, "Sparse Sinkhorn Attention", ICML 2020,
+https://arxiv.org/abs/2002.11296.
+
+* Blocks: the M grid tokens are cut into nb blocks of b tokens (zero-padded to nb·b).
+* Sorting network (a small learned net scoring block pairs), one per head: the mean query of
+  block i and the mean key of block j go through that head's two linear maps ``d -> s``
+  (:class:`HeadLinear`, weights ``[h, d, s]``), and ``score_ij = <f_h(q̄_i), g_h(k̄_j)> / √s``; so
+  every head sorts its blocks its own way.
+* Gumbel-Sinkhorn (the paper's): in training, ``noise·ε`` with Gumbel noise
+  ``ε = -log(-log U)``, U uniform, is added to the scores; eval adds none (deterministic).
+* Sinkhorn normalisation (differentiable): ``log R = score / temperature``, then ``iters`` rounds
+  of column then row normalisation in log space; ``R[nb, nb]`` is a soft permutation matrix.
+* Sorted blocks: ``K̃_i = Σ_j R_ij K_j`` and ``Ṽ_i = Σ_j R_ij V_j`` (one block matmul on the
+  keys and values side by side). Queries of block i attend to the keys of their own block and of
+  sorted block i: one batched matmul over all heads and blocks ([B, h, nb, b, 2b] scores).
+  Gradients reach the sorting network through R.
+* Padding: pad keys of the local block are masked; a sorted slot t of block i carries weight
+  ``Σ_j R_ij·valid_j[t] = 1 - R_i,last`` where the last block is padded (its share of real keys),
+  added to its score as ``log`` weight. Without padding every weight is 1 (no bias).
+* Cost: 4LbC for the block attention and 2·nb·LC for the soft permutation, so O(N²/b); the
+  default b = ⌈√M⌉ makes both O(N^1.5) (``linear_cost`` is False).
+* Prefix tokens (class token): they are not sorted. Every grid query also attends to the P prefix
+  keys (merged by logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from vitzoo.attention import register_attention
+from vitzoo.attention.base import Grid, MixerContext, check, check_positive, check_positive_number
+from vitzoo.attention.data_driven.bucket import (
+    BucketAttention,
+    attend_pieces,
+    attend_pieces_flops,
+    auto_size,
+    ceil_to,
+    check_auto_size,
+    combine_parts,
+    dense_parts,
+    pad_tokens,
+    prefix_part,
+)
+
+MAX_ITERS = 100
+
+
+@dataclass
+class SinkhornConfig:
+    block_size: Optional[int] = None  # tokens per block b; null = ⌈√M⌉ for M grid tokens
+    sort_dim: int = 16  # width s of each head's sorting-network block embeddings
+    iters: int = 8  # Sinkhorn normalisation rounds, 1..100
+    temperature: float = 0.75  # divides the block-pair scores before Sinkhorn (lower = harder sort)
+    noise: float = 1.0  # scale of the Gumbel noise on the block-pair scores in training, >= 0 (0: none); none in eval
+    pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
+
+    def __post_init__(self):
+        check_auto_size(self, "block_size")
+        check_positive(self, "sort_dim", "iters")
+        check(self.iters <= MAX_ITERS, f"attention.iters must be in 1..{MAX_ITERS} (got {self.iters})")
+        check_positive_number(self, "temperature")
+        check(isinstance(self.noise, (int, float)) and not isinstance(self.noise, bool) and self.noise >= 0,
+              f"attention.noise must be a non-negative number (got {self.noise!r})")
+
+
+def gumbel_like(t: Tensor) -> Tensor:
+    """Standard Gumbel noise ``-log(-log U)`` shaped and typed like ``t`` (drawn in float32).
+
+    Args:
+        t: the scores the noise is added to.
+    """
+    eps = torch.finfo(torch.float32).eps
+    u = torch.rand(t.shape, device=t.device).clamp(eps, 1 - eps)  # U(0, 1) kept off 0 and 1
+    return (-torch.log(-torch.log(u))).to(t.dtype)
+
+
+class HeadLinear(nn.Module):
+    """One linear map ``d -> s`` per head: ``x[B, h, n, d] -> [B, h, n, s]``.
+
+    Args:
+        heads: h.
+        dim_in: d.
+        dim_out: s.
+    """
+
+    def __init__(self, heads: int, dim_in: int, dim_out: int):
+        super().__init__()
+        bound = dim_in ** -0.5  # nn.Linear's default init range
+        self.weight = nn.Parameter(torch.empty(heads, dim_in, dim_out).uniform_(-bound, bound))  # [h, d, s]
+        self.bias = nn.Parameter(torch.empty(heads, 1, dim_out).uniform_(-bound, bound))  # [h, 1, s]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x[B, h, n, d] -> [B, h, n, s]``, head i through its own map (n·d·s MACs per head)."""
+        return x @ self.weight + self.bias  # [B, h, n, d] @ [h, d, s] -> [B, h, n, s]
+
+
+@register_attention("sinkhorn", SinkhornConfig)
+class SinkhornAttention(BucketAttention):
+    """Local block plus Sinkhorn-sorted block attention; its cost is :attr:`formula` (L padded grid tokens, s sort dim).
+
+    Args:
+        cfg: :class:`SinkhornConfig`.
+        ctx: the host's context.
+    """
+
+    formula = "4NC² + 4LbC + 2·nb·LC + 2·nb·sC + h·nb²·s + 2PMC + 2PNC"
+
+    def __init__(self, cfg: SinkhornConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.sort_q = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block query embedding f_h
+        self.sort_k = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block key embedding g_h
+        self.layout(ctx.grid)
+
+    def layout(self, grid: Grid) -> tuple[int, int]:
+        """Block size b and number of blocks nb at ``grid`` (ConfigError when b is out of range or does not divide)."""
+        b = auto_size(self.cfg.block_size, grid)
+        m = self.check_pieces("block_size", b, grid)
+        return b, ceil_to(m, b) // b
+
+    def sort_matrix(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
+        """Soft permutation ``R[B, h, nb, nb]`` of every head (Gumbel noise in training).
+
+        Args:
+            qb, kb: query and key blocks ``[B, h, nb, b, d]`` (zero-padded).
+            m: real grid tokens.
+        """
+        nb, b = qb.shape[2], qb.shape[3]
+        count = (torch.arange(nb * b, device=qb.device) < m).view(nb, b).sum(-1, keepdim=True)  # [nb, 1] real tokens
+        q_mean, k_mean = qb.sum(-2) / count, kb.sum(-2) / count  # [B, h, nb, d]
+        scores = self.sort_q(q_mean) @ self.sort_k(k_mean).transpose(-2, -1)  # [B, h, nb, nb]
+        scores = scores / math.sqrt(self.cfg.sort_dim)
+        if self.training and self.cfg.noise:
+            scores = scores + self.cfg.noise * gumbel_like(scores)
+        log_r = scores / self.cfg.temperature
+        for _ in range(self.cfg.iters):
+            log_r = log_r - log_r.logsumexp(dim=-2, keepdim=True)  # columns sum to 1
+            log_r = log_r - log_r.logsumexp(dim=-1, keepdim=True)  # rows sum to 1
+        return log_r.exp()
+
+    def block_bias(self, r: Tensor, b: int, m: int) -> Tensor:
+        """Additive bias ``[B, h, nb, 1, 2b]`` of the local and sorted keys of every block.
+
+        Pad keys of the local block are masked; sorted slot t of block i gets ``log(1 - R_i,last)``
+        when slot t of the last block is padding (its share of real keys), 0 otherwise.
+
+        Args:
+            r: soft permutation ``[B, h, nb, nb]``.
+            b: block size.
+            m: real grid tokens.
+        """
+        nb = r.shape[-1]
+        pad = torch.arange(nb * b, device=r.device).view(nb, b) >= m  # [nb, b] pad tokens (last block only)
+        local = torch.zeros(nb, b, dtype=r.dtype, device=r.device).masked_fill(pad, float("-inf"))
+        if nb * b > m:
+            # log(1 - R·pad) by log1p, with R clamped below 1: where R_i,last reaches 1 (it does in
+            # float32 after a few Sinkhorn iterations) log(0) = -inf and its gradient 1/0 is NaN
+            share = r[..., -1:].clamp_max(1 - torch.finfo(r.dtype).eps) * pad[-1].to(r.dtype)  # [B, h, nb, b]
+            slots = torch.log1p(-share)  # [B, h, nb, b]
+        else:
+            slots = torch.zeros_like(local)
+        return torch.cat([local.expand_as(slots), slots], dim=-1).unsqueeze(-2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        P = self.num_prefix
+        b, nb = self.layout(grid)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
+        m = qg.shape[-2]
+        qb = pad_tokens(qg, nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, d]
+        kv = pad_tokens(torch.cat([kg, vg], -1), nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, 2d] keys | values
+        r = self.sort_matrix(qb, kv[..., :kg.shape[-1]], m)  # [B, h, nb, nb]
+        sorted_kv = (r @ kv.flatten(-2)).view_as(kv)  # [B, h, nb, b·2d] -> [B, h, nb, b, 2d] sorted blocks
+        keys, values = torch.cat([kv, sorted_kv], -2).chunk(2, -1)  # [B, h, nb, 2b, d] each: own block, sorted block
+        bias = self.block_bias(r, b, m)  # [B, h, nb, 1, 2b]
+        out, lse = attend_pieces(qb, keys, values, self.scale, bias, self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
+        out, lse = out.flatten(2, 3)[..., :m, :], lse.flatten(2)[..., :m]  # [B, h, M, d], [B, h, M]
+        if not P:
+            return out
+        out_p, lse_p = prefix_part(qg, kp, vp, self.scale, self.attn_drop)
+        out_g = combine_parts(torch.stack([out, out_p], 2), torch.stack([lse, lse_p], 2), dim=2)  # [B, h, M, d]
+        return self.prefix_rows(qp, k, v, out_g)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """Dense: sorted keys ``(R ⊗ I_b)K`` as extra slots, same-block mask, slot weights ``(R ⊗ I_b)·valid``."""
+        P = self.num_prefix
+        b, nb = self.layout(grid)
+        (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
+        m, length = qg.shape[-2], nb * b
+        kpad, vpad = pad_tokens(kg, length), pad_tokens(vg, length)  # [B, h, L, d]
+        r = self.sort_matrix(pad_tokens(qg, length).unflatten(-2, (nb, b)), kpad.unflatten(-2, (nb, b)), m)
+        perm = torch.kron(r, torch.eye(b, dtype=q.dtype))  # [B, h, L, L] token-level soft permutation
+        valid = (torch.arange(length) < m).to(q.dtype)  # [L] real keys
+        block = torch.arange(length) // b
+        same = (block[:m, None] == block[None, :]).to(q.dtype)  # [M, L] query block == key (or slot) block
+        w_local = (same * valid).expand(*r.shape[:2], -1, -1)  # [B, h, M, L]
+        w_sorted = same * (perm @ valid).unsqueeze(-2)  # [B, h, M, L] slot weight Σ_j R_ij valid_j
+        weight = torch.cat([w_local, w_sorted, w_local.new_ones(*w_local.shape[:-1], P)], dim=-1)  # [B, h, M, 2L + P]
+        keys = torch.cat([kpad, perm @ kpad, kp], dim=-2)  # [B, h, 2L + P, d]
+        values = torch.cat([vpad, perm @ vpad, vp], dim=-2)
+        out = dense_parts((qg @ keys.transpose(-2, -1)) * self.scale, weight, values)  # [B, h, M, d]
+        return self.dense_prefix_rows(qp, k, v, out)
+
+    def attend_flops(self, grid: Grid) -> int:
+        b, nb = self.layout(grid)
+        d, h, s = self.head_dim, self.num_heads, self.cfg.sort_dim
+        # sorting network: each head's sort_q and sort_k maps on its block means (nb·d·s each per head)
+        flops = 2 * h * nb * d * s
+        # block-pair scores f(q̄) @ g(k̄)ᵀ: nb·nb·s per head
+        flops += h * nb * nb * s
+        # soft permutation R @ [K | V]: nb·nb·(b·2d) per head
+        flops += 2 * h * nb * nb * b * d
+        # per block: q kᵀ (b·2b·d) and attn v (b·2b·d) against local + sorted block, per head
+        flops += h * attend_pieces_flops(nb, b, 2 * b, d)
+        return flops + self.prefix_flops(grid)  # prefix keys of the grid queries, prefix queries
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        grid = grid or self.grid
+        b, nb = self.layout(grid)  # L = nb·b: grid tokens padded to whole blocks
+        return {**super().symbols(grid), "b": b, "nb": nb, "P": self.num_prefix, "M": grid[0] * grid[1],
+                "L": nb * b, "s": self.cfg.sort_dim}
