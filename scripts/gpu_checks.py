@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Every check that needs a GPU, in one run sized to a short device lease (see :mod:`vitzoo.bench.gpu_checks`).
+"""Every check that needs a GPU, in one run sized to a time budget (see :mod:`vitzoo.bench.gpu_checks`).
 
     python scripts/gpu_checks.py --out outputs/gpu_checks --budget 300          # on the GPU machine
     python scripts/gpu_checks.py --device cpu --smoke --out /tmp/gpu_smoke      # toy sizes: test it on a CPU

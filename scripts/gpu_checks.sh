@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device command of the GPU checks (vitzoo.bench.gpu_checks), sized to a short lease:
+# The device command of the GPU checks (vitzoo.bench.gpu_checks), sized to a time budget:
 #   bash scripts/gpu_checks.sh [BUDGET_S=300] [LABEL] [more scripts/gpu_checks.py options, e.g. --steps flex,timm]
 # 1. installs the wheels of .whl/ (scripts/gpu_wheels.sh builds them here; carry ".whl") into /tmp/site;
 # 2. runs scripts/gpu_checks.py into /tmp/gpu_checks (no item starts after BUDGET_S seconds), its log beside;

@@ -2,7 +2,7 @@
 # Wheels of what vitzoo imports and the GPU machines' image lacks, into .whl/ (git-ignored), built here from the
 # versions this environment has installed (pure Python: they install on the device's Python 3.12 too).
 # The image has torch, timm, lightning, torchmetrics, safetensors, matplotlib, tabulate and portalocker
-# (/work/.library/device/KINDS.md); vitzoo needs fvcore (FLOPs) with iopath and termcolor, and train.py Hydra.
+# (the GPU machine's package list); vitzoo needs fvcore (FLOPs) with iopath and termcolor, and train.py Hydra.
 #   bash scripts/gpu_wheels.sh          then: device run with carry [".whl"], command: bash scripts/gpu_checks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-"""Every check that needs a GPU, in one run sized to a short device lease (``scripts/gpu_checks.py``).
+"""Every check that needs a GPU, in one run sized to a time budget (``scripts/gpu_checks.py``).
 
 The CPU suite cannot check these: FlexAttention's backward (torch has none on the CPU) and its compiled
 speed, bf16 on hardware that has it, and throughput on a GPU. The steps, most valuable first:
@@ -19,7 +19,7 @@ speed, bf16 on hardware that has it, and throughput on a GPU. The steps, most va
 
 Before every item the run checks its deadline (``budget_s`` from its start): an item that cannot start
 in time is recorded as skipped. After every item ``results.json`` and ``gpu_checks.md`` in ``out`` are
-written again, so a run cut off by the lease keeps everything it finished. ``smoke=True`` runs every
+written again, so a run cut off early keeps everything it finished. ``smoke=True`` runs every
 step at toy sizes (a minute on a CPU: the test of this module).
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ class GpuCheckOptions:
     Args:
         out: output folder (``results.json``, ``gpu_checks.md``).
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
-        budget_s: seconds from the start after which no new item starts (the lease's share for this run).
+        budget_s: seconds from the start after which no new item starts (the share of the machine's time for this run).
         smoke: toy sizes, to test the run on a CPU.
         steps: which of :data:`STEPS` to run, in their order.
         label: free text kept with the results (the commit the tree was copied at: the device has no ``.git``).

@@ -1,5 +1,5 @@
 """The data-driven backends follow their papers: routing's local heads, sinkhorn's per-head Gumbel
-sorting, reformer's bucket count that grows with the sequence (issue 14)."""
+sorting, reformer's bucket count that grows with the sequence."""
 from __future__ import annotations
 
 import pytest

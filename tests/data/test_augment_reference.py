@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 from torchvision.transforms import v2
 
-from vitzoo.training.augment import POLICY_GROUP, BatchAugment, random_crop, random_flip
+from vitzoo.data.augment import POLICY_GROUP, BatchAugment, random_crop, random_flip
 
 
 def asymmetric_images(b: int = 16, s: int = 16) -> torch.Tensor:
