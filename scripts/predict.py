@@ -35,7 +35,9 @@ def parse(argv: list[str]) -> tuple[str, list[str], dict[str, Any]]:
         else:
             paths.append(arg)
     if len(paths) < 2:
-        raise ConfigError("usage: python scripts/predict.py <export folder or .ckpt> <images or folders> [backend=onnx] [topk=5]")
+        raise ConfigError(
+            "usage: python scripts/predict.py <export folder or .ckpt> <images or folders> [backend=onnx] [topk=5]"
+        )
     return paths[0], paths[1:], options
 
 
@@ -51,10 +53,14 @@ def checkpoint_predictor(ckpt_path: str, backend: str) -> Predictor:
 def main(argv: list[str]) -> int:
     try:
         model_path, inputs, options = parse(argv)
-        predictor = checkpoint_predictor(model_path, options["backend"]) if model_path.endswith(".ckpt") \
+        predictor = (
+            checkpoint_predictor(model_path, options["backend"])
+            if model_path.endswith(".ckpt")
             else load_predictor(model_path, backend=options["backend"])
-        results = predict_files(predictor, image_files(inputs), topk=int(options["topk"]),
-                                batch_size=int(options["batch_size"]))
+        )
+        results = predict_files(
+            predictor, image_files(inputs), topk=int(options["topk"]), batch_size=int(options["batch_size"])
+        )
         for path, top in results:
             print(f"{path}: " + ", ".join(f"{name} {p:.3f}" for name, p in top))
     except ConfigError as e:

@@ -46,7 +46,10 @@ def test_every_config_composes_and_resolves(group, option, tmp_path):
         built = instantiate(cfg[group])
         assert built is not None
     if group == "trainer" and option == "cpu":
-        assert instantiate(cfg.trainer, logger=False, enable_checkpointing=False).max_epochs == data["trainer"]["max_epochs"]
+        assert (
+            instantiate(cfg.trainer, logger=False, enable_checkpointing=False).max_epochs
+            == data["trainer"]["max_epochs"]
+        )
 
 
 def test_eval_config_composes(tmp_path):
@@ -59,7 +62,12 @@ def test_eval_config_composes(tmp_path):
 
 def test_defaults_are_the_documented_ones(tmp_path):
     cfg = compose_cfg()
-    assert (cfg.model.name, cfg.data.name, cfg.attention.name, cfg.trainer.accelerator) == ("vit_cifar", "digits", "global", "cpu")
+    assert (cfg.model.name, cfg.data.name, cfg.attention.name, cfg.trainer.accelerator) == (
+        "vit_cifar",
+        "digits",
+        "global",
+        "cpu",
+    )
     assert list(cfg.logger) == ["csv"]
     assert cfg.model.num_classes == 10  # follows data.num_classes
 
@@ -95,14 +103,17 @@ def test_model_brings_its_natural_attention(name):
     assert compose_cfg([f"model={name}", "attention=linformer"]).attention.name == "linformer"
 
 
-@pytest.mark.parametrize("overrides,attention", [
-    (["model=swin_cifar"], "window"),
-    (["model=swin_cifar", "attention=linformer"], "linformer"),
-    (["attention=performer", "model=swin_cifar"], "performer"),
-    (["experiment=cifar10_swin"], "window"),
-    (["experiment=cifar10_swin", "attention=global"], "global"),
-    (["experiment=cifar10_vit"], "global"),
-])
+@pytest.mark.parametrize(
+    "overrides,attention",
+    [
+        (["model=swin_cifar"], "window"),
+        (["model=swin_cifar", "attention=linformer"], "linformer"),
+        (["attention=performer", "model=swin_cifar"], "performer"),
+        (["experiment=cifar10_swin"], "window"),
+        (["experiment=cifar10_swin", "attention=global"], "global"),
+        (["experiment=cifar10_vit"], "global"),
+    ],
+)
 def test_attention_composition(overrides, attention, tmp_path):
     data = resolved(compose_cfg(overrides), tmp_path)
     assert data["attention"]["name"] == attention
@@ -118,7 +129,9 @@ def test_optim_and_benchmark_defaults_are_the_dataclasses():
     expected = dataclasses.asdict(OptimConfig(lr=3e-4))
     assert OmegaConf.to_container(cfg.optim) == {**expected, "betas": list(expected["betas"])}  # YAML has no tuples
     assert benchmark_config(cfg.benchmark) == BenchmarkConfig(steps=2)
-    assert benchmark_config(compose_cfg(["ckpt_path=x.ckpt"], config="eval").benchmark) == BenchmarkConfig(warmup=5, steps=20)
+    assert benchmark_config(compose_cfg(["ckpt_path=x.ckpt"], config="eval").benchmark) == BenchmarkConfig(
+        warmup=5, steps=20
+    )
 
 
 def test_optim_and_benchmark_are_strict():

@@ -153,7 +153,9 @@ def test_sys_path_detector():
 
 
 def test_scripts_do_not_edit_sys_path():
-    offenders = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "scripts").glob("*.py")) if edits_sys_path(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT)) for p in sorted((ROOT / "scripts").glob("*.py")) if edits_sys_path(p.read_text())
+    ]
     assert not offenders, f"scripts editing sys.path: {offenders}"
 
 
@@ -162,4 +164,3 @@ def test_no_module_over_400_lines_unless_listed():
     too_long = {p: n for p, n in sizes.items() if n > MAX_LINES and p not in LONG_FILES}
     assert not too_long, f"split these modules (or list them with a reason in LONG_FILES): {too_long}"
     assert all(sizes.get(p, 0) > MAX_LINES for p in LONG_FILES), "a listed file is short now: drop it from LONG_FILES"
-

@@ -28,7 +28,9 @@ CORE = "vitzoo.attention.linear.feature_core"
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kind", choices=["exp", "fourier", "elu"], default="exp", help="feature map (performer, rfa, linear)")
+    p.add_argument(
+        "--kind", choices=["exp", "fourier", "elu"], default="exp", help="feature map (performer, rfa, linear)"
+    )
     p.add_argument("--tokens", type=int, default=4096, help="sequence length N")
     p.add_argument("--features", type=int, default=256, help="random features m (exp, fourier)")
     p.add_argument("--rev", default="HEAD", help="git revision of the A side")
@@ -58,11 +60,20 @@ def main() -> None:
 
     (ya, ga), (yb, gb) = (tuple(t.clone() for t in step(core)) for core in (a, b))
     print(f"max |A - B|: output {(ya - yb).abs().max().item():.3g}, qkv gradient {(ga - gb).abs().max().item():.3g}")
-    t = time_fns({"a": lambda: step(a), "b": lambda: step(b)}, torch.device("cpu"), warmup=2, repeats=args.blocks,
-                 min_time=0, max_time=0, iters=4)  # alternating blocks (ABBA)
+    t = time_fns(
+        {"a": lambda: step(a), "b": lambda: step(b)},
+        torch.device("cpu"),
+        warmup=2,
+        repeats=args.blocks,
+        min_time=0,
+        max_time=0,
+        iters=4,
+    )  # alternating blocks (ABBA)
     pairs = [round(x / y, 3) for x, y in zip(t["a"].seconds, t["b"].seconds)]
-    print(f"{args.kind} N={N} m={m}: A ({args.rev}) {t['a'].median * 1e3:.1f} ms, B (working tree) "
-          f"{t['b'].median * 1e3:.1f} ms, B faster by {t['a'].median / t['b'].median:.3f}x (per block pair {pairs})")
+    print(
+        f"{args.kind} N={N} m={m}: A ({args.rev}) {t['a'].median * 1e3:.1f} ms, B (working tree) "
+        f"{t['b'].median * 1e3:.1f} ms, B faster by {t['a'].median / t['b'].median:.3f}x (per block pair {pairs})"
+    )
 
 
 if __name__ == "__main__":

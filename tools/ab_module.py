@@ -11,6 +11,7 @@ ratio per block pair (the machine's drift cancels in a ratio measured this way).
     python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.sparse.gather --attention bigbird --tokens 4096
     python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.dense.window_core --model swin_cifar --attention window
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,6 +48,7 @@ def layer_step(attention: str, tokens: int, train: bool = True) -> tuple[Callabl
     """One forward + backward of one layer (C = 128, 4 heads, batch 4, a square grid), returning the input
     gradient; with ``train=False`` one inference forward (``torch.no_grad``, eval mode), returning the output."""
     from vitzoo.attention import MixerContext, build_attention
+
     side = math.isqrt(tokens)
     ctx = MixerContext(128, 4, (side, side), 0, qkv_bias=True, layer_index=0, window=8)
     layer = build_attention(attention, ctx).train(train)
@@ -62,12 +64,14 @@ def layer_step(attention: str, tokens: int, train: bool = True) -> tuple[Callabl
     @torch.no_grad()
     def infer() -> torch.Tensor:
         return layer(x, (side, side))
+
     return (step if train else infer), layer
 
 
 def model_step(model: str, attention: str) -> tuple[Callable[[], torch.Tensor], torch.nn.Module]:
     """One training step's forward + backward of ``model`` (batch 64, 32 px): returns the flat parameter gradients."""
     import vitzoo
+
     net = vitzoo.create_model(model, attention=attention).train()
     x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
 
@@ -76,14 +80,16 @@ def model_step(model: str, attention: str) -> tuple[Callable[[], torch.Tensor], 
         torch.manual_seed(1)  # the same drop-path draws on both sides
         torch.nn.functional.cross_entropy(net(x), y).backward()
         return torch.cat([p.grad.flatten() for p in net.parameters() if p.grad is not None])
+
     return step, net
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rev", default="HEAD", help="git revision of the A side")
-    p.add_argument("--module", nargs="+", required=True,
-                   help="dotted vitzoo modules to swap (e.g. vitzoo.attention.sparse.gather)")
+    p.add_argument(
+        "--module", nargs="+", required=True, help="dotted vitzoo modules to swap (e.g. vitzoo.attention.sparse.gather)"
+    )
     p.add_argument("--attention", default="global", help="attention backend")
     p.add_argument("--model", default=None, help="time a model's training step (e.g. swin_cifar) instead of one layer")
     p.add_argument("--tokens", type=int, default=4096, help="layer mode: sequence length (a square grid)")
@@ -98,8 +104,10 @@ def main() -> None:
     except ValueError as e:
         sys.exit(f"{e} (pass --rev a revision of this repository and --module a dotted vitzoo module)")
     if not slots:
-        sys.exit(f"no vitzoo module imports anything from {args.module}: nothing to swap (pass --module a module "
-                 "whose functions or classes other modules import)")
+        sys.exit(
+            f"no vitzoo module imports anything from {args.module}: nothing to swap (pass --module a module "
+            "whose functions or classes other modules import)"
+        )
 
     def call(side: str) -> torch.Tensor:
         """One step with the revision's objects (A) or the working tree's (B) bound to the importers' names."""
@@ -113,14 +121,25 @@ def main() -> None:
 
     ga, gb = call("A"), call("B")  # both sides' gradients
     print(f"swapped {len(slots)} names: {sorted({f'{m.__name__}.{a}' for m, a, _, _ in slots})}")
-    print(f"max |A - B| of the gradients: {(ga - gb).abs().max().item():.3g} (largest |A|: {ga.abs().max().item():.3g})")
-    t = time_fns({"A": lambda: call("A"), "B": lambda: call("B")}, torch.device("cpu"), warmup=2,
-                 repeats=args.blocks, min_time=0, max_time=0, iters=args.steps)  # alternating blocks (ABBA)
+    print(
+        f"max |A - B| of the gradients: {(ga - gb).abs().max().item():.3g} (largest |A|: {ga.abs().max().item():.3g})"
+    )
+    t = time_fns(
+        {"A": lambda: call("A"), "B": lambda: call("B")},
+        torch.device("cpu"),
+        warmup=2,
+        repeats=args.blocks,
+        min_time=0,
+        max_time=0,
+        iters=args.steps,
+    )  # alternating blocks (ABBA)
     a, b = t["A"].median, t["B"].median
     pairs = [round(x / y, 3) for x, y in zip(t["A"].seconds, t["B"].seconds)]
     what = f"{args.model} + {args.attention}" if args.model else f"{args.attention} layer, {args.tokens} tokens"
-    print(f"{what}: A ({args.rev}) {a * 1e3:.1f} ms, B (working tree) {b * 1e3:.1f} ms per step; "
-          f"B faster by {a / b:.3f}x (blocks {pairs})")
+    print(
+        f"{what}: A ({args.rev}) {a * 1e3:.1f} ms, B (working tree) {b * 1e3:.1f} ms per step; "
+        f"B faster by {a / b:.3f}x (blocks {pairs})"
+    )
 
 
 if __name__ == "__main__":

@@ -45,9 +45,13 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {what} {path} ({type(e).__name__}: {e.strerror if isinstance(e, OSError) else e.reason})") from None
+        raise ConfigError(
+            f"cannot read {what} {path} ({type(e).__name__}: {e.strerror if isinstance(e, OSError) else e.reason})"
+        ) from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}); re-export the model") from None
+        raise ConfigError(
+            f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}); re-export the model"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} {path} is not a JSON object; re-export the model")
     plain_data(data, str(path))
@@ -74,4 +78,6 @@ def load_weights(load: Any, source: Path) -> None:
     except Exception as e:  # SafetensorError (truncated/corrupt header), RuntimeError (missing keys, shapes)
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(e).__name__
-        raise ConfigError(f"{source}: cannot load the weights ({type(e).__name__}: {detail}); re-export the model") from None
+        raise ConfigError(
+            f"{source}: cannot load the weights ({type(e).__name__}: {detail}); re-export the model"
+        ) from None

@@ -62,7 +62,7 @@ def test_cuda_layers_time_both_impls():
 
 def test_flex_check_fails_on_a_wrong_output(monkeypatch):
     run = flex.run_flex
-    monkeypatch.setattr(_flex, "run_flex", lambda *a, **k: run(*a, **k) * 1.001)
+    monkeypatch.setattr(flex, "run_flex", lambda *a, **k: run(*a, **k) * 1.001)
     row = gpu_checks.flex_agreement("local", {}, SIZES["smoke"], "cpu")
     assert row["status"].startswith("MISMATCH") and row["blocked_output_err"] < 1e-5 < row["flex_output_err"]
 

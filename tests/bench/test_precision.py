@@ -261,8 +261,12 @@ def test_compile_option_is_a_bool(tmp_path):
 
 # ---------------------------------------------------------------- window: fused SDPA in every block
 
-@pytest.mark.parametrize("grid,shifted", [((8, 8), False), ((8, 8), True), ((7, 7), False), ((7, 7), True)],
-                         ids=["plain", "shifted", "padded", "padded_shifted"])
+
+@pytest.mark.parametrize(
+    "grid,shifted",
+    [((8, 8), False), ((8, 8), True), ((7, 7), False), ((7, 7), True)],
+    ids=["plain", "shifted", "padded", "padded_shifted"],
+)
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
     """Where window blocks call SDPA (CUDA, dropout, tracing; on the CPU the window core runs them, made to take
@@ -292,6 +296,7 @@ def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
 
 # ---------------------------------------------------------------- precision table (smoke test, no timing claims)
 
+
 def test_precision_table_smoke(tmp_path):
     """2 backends x 2 steps of a one-block model: one row per pair, every mode measured, a Markdown table."""
     import os
@@ -302,17 +307,35 @@ def test_precision_table_smoke(tmp_path):
 
     from vitzoo.bench.precision import PrecisionOptions, markdown_table, measure
 
-    opts = PrecisionOptions(models=["vit_cifar"], attention=["global", "performer"], batch=4, warmup=1, steps=2,
-                            rounds=1, model_options={"depth": 1, "embed_dim": 32, "num_heads": 2},
-                            compile_backend="eager")
+    opts = PrecisionOptions(
+        models=["vit_cifar"],
+        attention=["global", "performer"],
+        batch=4,
+        warmup=1,
+        steps=2,
+        rounds=1,
+        model_options={"depth": 1, "embed_dim": 32, "num_heads": 2},
+        compile_backend="eager",
+    )
     rows = measure(opts)
     assert [r["attention"] for r in rows] == ["global", "performer"]
     assert all(r["status"] == "ok" and all(r[m] > 0 for m in ("fp32", "bf16-mixed", "compile")) for r in rows)
     table = markdown_table(rows).splitlines()
     assert table[0].startswith("| model | attention | fp32") and len(table) == 4
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "precision_table.py"), "--models", "nope",
-                          "--out", str(tmp_path / "t.md")], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    bad = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "precision_table.py"),
+            "--models",
+            "nope",
+            "--out",
+            str(tmp_path / "t.md"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert bad.returncode == 2 and bad.stdout.count("\n") == 1 and "nope" in bad.stdout
 
 

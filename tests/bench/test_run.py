@@ -70,10 +70,13 @@ def test_benchmark_end_to_end(tmp_path):
     assert float(window["time_ratio"]) <= float(window["time_ratio_max"]) * (1 + 1e-9)
     peak = env["matmul_peak_gmacs_s"]
     for r in layers:  # MFU = analytic MACs x batch x 3 / time / peak
-        assert float(r["mfu"]) == pytest.approx(float(r["gmacs_analytic"]) * 3 / (float(r["ms"]) / 1e3) / peak, rel=1e-2)
+        assert float(r["mfu"]) == pytest.approx(
+            float(r["gmacs_analytic"]) * 3 / (float(r["ms"]) / 1e3) / peak, rel=1e-2
+        )
     for r in models:
-        assert float(r["train_mfu"]) == pytest.approx(float(r["gmacs_analytic"]) * 3 * float(r["train_img_s"]) / peak,
-                                                      rel=1e-2)
+        assert float(r["train_mfu"]) == pytest.approx(
+            float(r["gmacs_analytic"]) * 3 * float(r["train_img_s"]) / peak, rel=1e-2
+        )
         assert _positive(r["infer_mfu"])
 
     md = (out / "models.md").read_text().splitlines()
@@ -89,7 +92,8 @@ def test_benchmark_end_to_end(tmp_path):
         ratio = float(timm_rows[0][f"{phase}_speed_ratio"])
         assert timm_goals[f"vitzoo vit `global` {phase}"]["status"] == ("met" if ratio >= 1 else "missed")
     assert [g["status"] for g in goals if "4096" in g["goal"]] == [
-        "not measured (4096 not in --tokens or layers mode off)"]
+        "not measured (4096 not in --tokens or layers mode off)"
+    ]
     assert "## goals" in (out / "report.md").read_text()
     assert result["environment"]["backends"] == ["global", "window"]
 
@@ -97,8 +101,15 @@ def test_benchmark_end_to_end(tmp_path):
 def test_layer_scaling_reports_unbuildable_sizes(tmp_path):
     """Layer mode at tiny sizes; a backend that refuses a size appears with the reason, not a crash."""
     out = tmp_path / "layers"
-    opts = BenchOptions(mode="layers", attention=["global", "local"], tokens=[4, 16], isolate=False, out=str(out),
-                        pair_global_tokens=0, **TINY)
+    opts = BenchOptions(
+        mode="layers",
+        attention=["global", "local"],
+        tokens=[4, 16],
+        isolate=False,
+        out=str(out),
+        pair_global_tokens=0,
+        **TINY,
+    )
     result = run_benchmark(opts, log=lambda msg: None)
     rows = {(r["backend"], r["tokens"]): r for r in result["layers"]}
     assert rows[("global", 4)]["status"] == rows[("global", 16)]["status"] == "ok"
@@ -113,7 +124,7 @@ def test_layer_scaling_reports_unbuildable_sizes(tmp_path):
     assert (out / "layer_scaling.png").read_bytes()[:8] == PNG_MAGIC
     # natten: one row (the 16-token layer; the 4-token one did not build), a ratio or "not installed"
     expected = NOT_INSTALLED if package_version("natten") is None else "ok"
-    assert [r["status"][:len(expected)] for r in result["references"] if r["backend"] == "local"] == [expected]
+    assert [r["status"][: len(expected)] for r in result["references"] if r["backend"] == "local"] == [expected]
 
 
 def test_missing_reference_package_is_reported(tmp_path, monkeypatch):
@@ -134,8 +145,12 @@ def test_options_are_strict():
     with pytest.raises(ConfigError, match=r"^unknown option bench\.batch for BenchOptions") as exc:
         BenchOptions.from_options({"batch": [8]})
     assert "\n" not in str(exc.value)
-    for options, name in (({"mode": "fast"}, "--mode"), ({"tokens": [1000]}, "--tokens 1000"),
-                          ({"repeats": 0}, "--repeats"), ({"amp": "fp16"}, "--amp")):
+    for options, name in (
+        ({"mode": "fast"}, "--mode"),
+        ({"tokens": [1000]}, "--tokens 1000"),
+        ({"repeats": 0}, "--repeats"),
+        ({"amp": "fp16"}, "--amp"),
+    ):
         with pytest.raises(ConfigError, match="^" + name) as exc:
             BenchOptions.from_options(options)
         assert "\n" not in str(exc.value)
@@ -143,8 +158,9 @@ def test_options_are_strict():
 
 
 def test_benchmark_cli_parses_lists():
-    opts = load_file("scripts", "benchmark").parse_args(["--attention", "global,window", "--tokens", "256,1024", "--batch", "8,16",
-                                            "--no-references", "--no-isolate"])
+    opts = load_file("scripts", "benchmark").parse_args(
+        ["--attention", "global,window", "--tokens", "256,1024", "--batch", "8,16", "--no-references", "--no-isolate"]
+    )
     assert opts.attention == ["global", "window"] and opts.tokens == [256, 1024] and opts.batches == [8, 16]
     assert not opts.references and not opts.isolate
     with pytest.raises(SystemExit):

@@ -6,6 +6,7 @@ tests/attention/sparse/test_sparse_patterns.py; here the kernel and the PyTorch 
 the same odd shapes: head dims and key counts that are not multiples of a vector, one mask row per block,
 per-head key ids, global keys, output rows that drop slots. The build and its fallback: tests/cpu_kernels/test_cpu_kernels.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,7 +32,7 @@ def _inputs(per_head: bool, rows: int, G: int, d: int, dtype=torch.float64):
     qkv = torch.randn(B, L, 3, c, d, dtype=dtype).permute(2, 0, 3, 1, 4)  # q/k/v as strided views [B, c, L, d]
     q, k, v = (t.detach().requires_grad_() for t in qkv.unbind(0))
     glob = [torch.randn(B, c, G, d, dtype=dtype, requires_grad=True) for _ in range(2)] if G else [None, None]
-    q_ids = torch.randperm(L)[:n * S].view(n, S)
+    q_ids = torch.randperm(L)[: n * S].view(n, S)
     k_ids = torch.randint(0, L, (c, n, K) if per_head else (n, K))
     mask = torch.rand(*k_ids.shape[:-1], rows, G + K) > 0.5  # [(c,) n, S or 1, G + K]
     mask[..., -1] = True  # no all-False row
@@ -52,7 +53,7 @@ def _run(q, k, v, glob, q_ids, k_ids, mask, out_ids):
 def test_kernel_matches_torch_path(per_head, rows, G, d, drop, monkeypatch):
     require_cpu_kernel("block_attention")
     q, k, v, glob, q_ids, k_ids, mask = _inputs(per_head, rows, G, d)
-    out_ids = torch.randperm(q_ids.numel())[:q_ids.numel() - 4] if drop else None  # 4 slots get no row
+    out_ids = torch.randperm(q_ids.numel())[: q_ids.numel() - 4] if drop else None  # 4 slots get no row
     fast = _run(q, k, v, glob, q_ids, k_ids, mask, out_ids)
     monkeypatch.setenv(loader.ENV, "0")
     slow = _run(q, k, v, glob, q_ids, k_ids, mask, out_ids)

@@ -2,6 +2,7 @@
 CI runs, each is wired to a module, and a failed build warns once and leaves the PyTorch path running.
 
 The kernels' numbers: tests/cpu_kernels/test_block_kernel.py and test_feature_kernel.py."""
+
 from __future__ import annotations
 
 import os
@@ -44,6 +45,7 @@ def test_build_failure_warns_once_and_falls_back(stem, monkeypatch):
     def broken(name):
         calls.append(name)
         raise RuntimeError("Ninja is required to load C++ extensions")
+
     monkeypatch.setattr(loader, "_state", {})
     monkeypatch.setattr(loader, "_build", broken)
     expected = rf"{stem.replace('_', ' ')} kernel could not be built \(RuntimeError: Ninja is required.*{loader.ENV}=0"

@@ -8,6 +8,7 @@ token counts that leave a partial block of 64, keys whose largest exponent grows
 maximum rescales the sums), no normaliser floor, a constant factor, and an output changed in place (backward
 recomputes φ(Q)(φ(K)ᵀV)). The build and its fallback: tests/cpu_kernels/test_cpu_kernels.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -55,8 +56,11 @@ def _run(kind, qkv, h, omega, scale, eps, factor, stale=False, torch_backward=No
     return [out.detach(), qkv.grad.clone()] + ([] if scale is None else [scale.grad.clone()])
 
 
-SHAPES = {"odd": (2, 37, 3, 5, 19, False), "performer": (1, 130, 2, 32, 256, False),
-          "growing_keys": (2, 200, 2, 12, 40, True)}
+SHAPES = {
+    "odd": (2, 37, 3, 5, 19, False),
+    "performer": (1, 130, 2, 32, 256, False),
+    "growing_keys": (2, 200, 2, 12, 40, True),
+}
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
@@ -99,6 +103,7 @@ def test_kernel_gradcheck(kind):
 
     def fn(x, s=None):
         return feature_core.feature_attention_qkv(kind, x, 2, omega.double(), s, eps, factor)
+
     assert torch.autograd.gradcheck(fn, inputs)
 
 
@@ -127,8 +132,9 @@ def test_kernel_features_are_float32_accurate(kind, monkeypatch):
     scale = torch.ones(h, 1, d) if kind == "fourier" else None
     features = feature_core.feature_core_forward(kind, qkv.view(B, 1, -1), h, omega, scale, None, 1.0)[1][..., -1]
     monkeypatch.setenv(loader.ENV, "0")
-    exact = feature_core.feature_core_forward(kind, qkv.view(B, 1, -1).double(), h, omega.double(),
-                                        None if scale is None else scale.double(), None, 1.0)[1][..., -1]
+    exact = feature_core.feature_core_forward(
+        kind, qkv.view(B, 1, -1).double(), h, omega.double(), None if scale is None else scale.double(), None, 1.0
+    )[1][..., -1]
     tol = {"exp": dict(rtol=1e-6, atol=1e-9), "fourier": dict(rtol=0, atol=5e-7)}[kind]  # exp: 2^x of x = -20 and below
     torch.testing.assert_close(features.double(), exact, **tol)
 

@@ -70,7 +70,9 @@ def test_cifar_offline_download_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as err:
         dm.prepare_data()
     msg = str(err.value)
-    assert "\n" not in msg and "could not download cifar10" in msg and str(tmp_path) in msg and "data=imagefolder" in msg
+    assert (
+        "\n" not in msg and "could not download cifar10" in msg and str(tmp_path) in msg and "data=imagefolder" in msg
+    )
 
 
 def make_folder(root, split, classes=("cat", "dog"), per_class=5, size=12):
@@ -102,7 +104,9 @@ def test_imagefolder_errors(tmp_path):
         ImageFolderDataModule(name="imagefolder", root=str(tmp_path), num_classes=5, val_fraction=0.2).setup()
 
 
-@pytest.mark.skipif(not (CIFAR_ROOT / "train").is_dir(), reason=f"CIFAR-10 JPEGs not found at {CIFAR_ROOT} (env VITZOO_CIFAR10)")
+@pytest.mark.skipif(
+    not (CIFAR_ROOT / "train").is_dir(), reason=f"CIFAR-10 JPEGs not found at {CIFAR_ROOT} (env VITZOO_CIFAR10)"
+)
 def test_imagefolder_reads_shared_cifar10():
     dm = ImageFolderDataModule(name="imagefolder", root=str(CIFAR_ROOT), img_size=32, batch_size=8, num_classes=10)
     dm.setup("fit")
@@ -114,6 +118,7 @@ def test_imagefolder_reads_shared_cifar10():
 
 # ------------------------------------------------------------------------------------------- normalisation
 # Every path must hand the model (image - mean) / std per channel, with the mean/std of its data config.
+
 
 def data_module(overrides):
     """The DataModule that ``configs/train.yaml`` with ``overrides`` instantiates (as training does)."""
@@ -138,8 +143,14 @@ def test_digits_come_out_normalised_with_the_configured_mean_and_std():
     from sklearn.datasets import load_digits
 
     mean, std = (0.3, 0.2, 0.1), (0.25, 0.5, 0.125)  # distinct per channel: a channel mix-up shows
-    dm, cfg = data_module(["data=digits", "data.img_size=8", f"data.mean=[{','.join(map(str, mean))}]",
-                           f"data.std=[{','.join(map(str, std))}]"])
+    dm, cfg = data_module(
+        [
+            "data=digits",
+            "data.img_size=8",
+            f"data.mean=[{','.join(map(str, mean))}]",
+            f"data.std=[{','.join(map(str, std))}]",
+        ]
+    )
     dm.setup("fit")
     raw = torch.tensor(load_digits().images, dtype=torch.float64) / 16.0  # [N, 8, 8] in [0, 1]
     m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
@@ -213,8 +224,9 @@ def test_cifar_path_normalises_with_the_configured_mean_and_std(tmp_path, monkey
 def test_imagefolder_path_normalises_with_the_configured_mean_and_std(tmp_path, img_size):
     make_folder(tmp_path, "train", per_class=4)
     make_folder(tmp_path, "val", per_class=2)  # colours (40·c, 10·i, 100)
-    dm, cfg = data_module(["data=imagefolder", f"data.root={tmp_path}", f"model.img_size={img_size}",
-                           "data.num_workers=0"])
+    dm, cfg = data_module(
+        ["data=imagefolder", f"data.root={tmp_path}", f"model.img_size={img_size}", "data.num_workers=0"]
+    )
     dm.setup("fit")
     assert tuple(cfg.mean) == (0.485, 0.456, 0.406) and tuple(cfg.std) == (0.229, 0.224, 0.225)
     m, s = torch.tensor(cfg.mean), torch.tensor(cfg.std)
@@ -233,8 +245,16 @@ def test_cifar_device_augment_path_normalises_on_the_device_side(tmp_path, monke
     monkeypatch.setattr(tv_cifar, "check_integrity", lambda *a, **k: True)  # fake files have no official md5
     colours = [(10 * i, 255 - 20 * i, 125) for i in range(10)]
     write_fake_cifar10(tmp_path, colours, colours)
-    dm, cfg = data_module(["data=cifar10", f"data.root={tmp_path}", "data.download=false", "data.cache=true",
-                           "data.device_augment=true", "data.batch_size=10"])
+    dm, cfg = data_module(
+        [
+            "data=cifar10",
+            f"data.root={tmp_path}",
+            "data.download=false",
+            "data.cache=true",
+            "data.device_augment=true",
+            "data.batch_size=10",
+        ]
+    )
     dm.prepare_data()
     dm.setup("fit")
     batch = next(iter(dm.val_dataloader()))

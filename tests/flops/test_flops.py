@@ -130,17 +130,27 @@ def test_unsupported_matrix_op_fails_loudly_naming_op_and_module():
 R = torch.randn
 # (op, inputs, MACs): fvcore with vitzoo's handles == FlopCounterMode ÷ 2 == the expected count
 HANDLE_CASES = {
-    "einsum bmm": (lambda a, b: torch.einsum("bhnd,bhde->bhne", a, b), (R(2, 3, 5, 7), R(2, 3, 7, 11)), 2 * 3 * 5 * 7 * 11),
+    "einsum bmm": (
+        lambda a, b: torch.einsum("bhnd,bhde->bhne", a, b),
+        (R(2, 3, 5, 7), R(2, 3, 7, 11)),
+        2 * 3 * 5 * 7 * 11,
+    ),
     "einsum elementwise": (lambda a, b: torch.einsum("bhnd,bhn->bhnd", a, b), (R(2, 3, 5, 7), R(2, 3, 5)), 0),
-    "einsum 3 operands": (lambda a, b, c: torch.einsum("bhnd,bhde,bhn->bhe", a, b, c),
-                          (R(2, 3, 5, 7), R(2, 3, 7, 11), R(2, 3, 5)), 2 * 3 * 5 * 7 * 11 + 2 * 3 * 5 * 11),
+    "einsum 3 operands": (
+        lambda a, b, c: torch.einsum("bhnd,bhde,bhn->bhe", a, b, c),
+        (R(2, 3, 5, 7), R(2, 3, 7, 11), R(2, 3, 5)),
+        2 * 3 * 5 * 7 * 11 + 2 * 3 * 5 * 11,
+    ),
     "einsum ellipsis broadcast": (lambda a, b: torch.einsum("...nd,de->...ne", a, b), (R(2, 3, 5, 7), R(7, 4)), 840),
     "matmul broadcast (small @ batched)": (lambda a, b: a @ b, (R(5, 7), R(2, 3, 7, 11)), 2 * 3 * 5 * 7 * 11),
     "matmul 1-D @ batched": (lambda a, b: a @ b, (R(7), R(2, 3, 7, 11)), 2 * 3 * 7 * 11),
     "baddbmm": (lambda a, b, c: torch.baddbmm(c, a, b), (R(6, 5, 7), R(6, 7, 11), R(6, 5, 11)), 6 * 5 * 7 * 11),
     "tensordot": (lambda a, b: torch.tensordot(a, b, dims=([3], [2])), (R(2, 3, 5, 7), R(2, 3, 7, 11)), 30 * 66 * 7),
-    "sdpa with mask": (lambda q, k, v, m: nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
-                       (R(1, 2, 5, 8), R(1, 2, 6, 8), R(1, 2, 6, 4), torch.zeros(5, 6)), 2 * 5 * 6 * (8 + 4)),
+    "sdpa with mask": (
+        lambda q, k, v, m: nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (R(1, 2, 5, 8), R(1, 2, 6, 8), R(1, 2, 6, 4), torch.zeros(5, 6)),
+        2 * 5 * 6 * (8 + 4),
+    ),
 }
 
 
@@ -193,9 +203,17 @@ def test_breakdown_rows_of_swin_are_the_modules_flops_children_name():
     """The generic walk reaches every part a Swin model's flops() sums, with the leaf rules' formulas."""
     model = vitzoo.create_model("swin_cifar", attention="window", depths=[2, 1], num_heads=[2, 4])
     rows = {r.name: r for r in count_flops(model).modules}
-    assert list(rows)[:9] == ["", "patch_embed", "stages.0", "stages.0.blocks.0", "stages.0.blocks.0.norm1",
-                              "stages.0.blocks.0.attn", "stages.0.blocks.0.norm2", "stages.0.blocks.0.mlp",
-                              "stages.0.blocks.1"]
+    assert list(rows)[:9] == [
+        "",
+        "patch_embed",
+        "stages.0",
+        "stages.0.blocks.0",
+        "stages.0.blocks.0.norm1",
+        "stages.0.blocks.0.attn",
+        "stages.0.blocks.0.norm2",
+        "stages.0.blocks.0.mlp",
+        "stages.0.blocks.1",
+    ]
     assert list(rows)[-4:] == ["stages.1.blocks.0.norm2", "stages.1.blocks.0.mlp", "norm", "head"]
     assert rows["stages.0.downsample"].formula.startswith("5N'·4C + N'·4C·2C  (N'=64, C=64)")
     assert rows["patch_embed"].formula == "HW·C·c·p² + 5HWC  (H=16, W=16, C=64, c=3, p=2)"
@@ -226,6 +244,7 @@ def test_mixer_flops_scales_window_linearly():
 
 # ---------------------------------------------------------------------------------------------- CLI
 
+
 @pytest.fixture(scope="module")
 def cli():
     spec = importlib.util.spec_from_file_location("vitzoo_flops_cli", ROOT / "scripts" / "flops.py")
@@ -235,8 +254,10 @@ def cli():
 
 
 def test_cli_table(cli, capsys):
-    assert cli.main(["model=swin_cifar", "attention=window", "depth=3", "model.depths=[2,1]",
-                     "model.num_heads=[2,4]"]) == 0
+    assert (
+        cli.main(["model=swin_cifar", "attention=window", "depth=3", "model.depths=[2,1]", "model.num_heads=[2,4]"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "stages.0.blocks.1" in out and "4NC² + 2nW·T²C" in out and "difference 0 MACs" in out
 

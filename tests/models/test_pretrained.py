@@ -115,8 +115,14 @@ def test_swin_window_resampled_matches_timm(tmp_path):
     path = save_timm(timm_swin.SwinTransformer(img_size=32, window_size=4, **SMALL_SWIN), tmp_path / "swin.bin")
     ref = timm_swin.SwinTransformer(img_size=32, window_size=8, **SMALL_SWIN)
     ref.load_state_dict(timm_swin.checkpoint_filter_fn(torch.load(path, weights_only=True), ref))
-    model = vitzoo.create_model("swin_cifar", attention="window", pretrained=path, img_size=32, window_size=8,
-                                **{**SMALL_SWIN, "depths": [2, 2], "num_heads": [2, 4]})
+    model = vitzoo.create_model(
+        "swin_cifar",
+        attention="window",
+        pretrained=path,
+        img_size=32,
+        window_size=8,
+        **{**SMALL_SWIN, "depths": [2, 2], "num_heads": [2, 4]},
+    )
     assert len(model.pretrained_report.resampled) == 4  # one bias table per block
     assert max_diff(ref, model, 32) <= 1e-10
 
@@ -126,11 +132,14 @@ def test_new_num_classes_gives_a_new_head(deit_file):
     assert set(report.ignored) == {"head.weight", "head.bias"} and set(report.new) == {"head.weight", "head.bias"}
 
 
-@pytest.mark.parametrize("name, overrides, option", [
-    ("vit_small", {}, "model.embed_dim"),  # DeiT-T weights into DeiT-S: shapes cannot match
-    ("vit_tiny", {"depth": 6}, "model.depth"),
-    ("swin_tiny", {}, "choose a vit_"),  # a ViT checkpoint into a Swin
-])
+@pytest.mark.parametrize(
+    "name, overrides, option",
+    [
+        ("vit_small", {}, "model.embed_dim"),  # DeiT-T weights into DeiT-S: shapes cannot match
+        ("vit_tiny", {"depth": 6}, "model.depth"),
+        ("swin_tiny", {}, "choose a vit_"),  # a ViT checkpoint into a Swin
+    ],
+)
 def test_mismatch_is_one_line_error(deit_file, name, overrides, option):
     with pytest.raises(ConfigError, match=option) as e:
         vitzoo.create_model(name, pretrained=deit_file[1], **overrides)
@@ -144,7 +153,10 @@ def test_missing_file_names_the_option(tmp_path):
 
 def test_layer_decay_groups_follow_depth():
     """timm's layer-wise lr decay over vitzoo's group_matcher: the stem decays most, the head not at all."""
-    for model in (vitzoo.create_model("vit_cifar", depth=2), vitzoo.create_model("swin_cifar", depths=[2, 2], num_heads=[2, 4])):
+    for model in (
+        vitzoo.create_model("vit_cifar", depth=2),
+        vitzoo.create_model("swin_cifar", depths=[2, 2], num_heads=[2, 4]),
+    ):
         groups = param_groups_layer_decay(model, layer_decay=0.5)
         scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
         named = dict(model.named_parameters())

@@ -56,20 +56,53 @@ def test_goals_mark_met_and_missed():
 
 def test_ab_kernel_core_compares_a_revision_with_the_working_tree():
     """tools/ab_kernel_core.py runs both versions of the core on the same input (tiny size, two blocks)."""
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "ab_kernel_core.py"), "--kind", "exp", "--tokens", "64",
-                          "--features", "16", "--rev", "HEAD", "--blocks", "2"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "ab_kernel_core.py"),
+            "--kind",
+            "exp",
+            "--tokens",
+            "64",
+            "--features",
+            "16",
+            "--rev",
+            "HEAD",
+            "--blocks",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "max |A - B|: output" in out.stdout and "B faster by" in out.stdout
-    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "ab_kernel_core.py"), "--rev", "no-such-revision"],
-                         cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "ab_kernel_core.py"), "--rev", "no-such-revision"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode != 0 and "pass --rev a revision of this repository" in bad.stderr
 
 
 def test_ab_module_swaps_a_revision_of_a_module_into_its_importers():
     """tools/ab_module.py times a layer with a revision's module in place of the working tree's (tiny size):
     the names other modules imported from it are swapped; a bad module is a one-line error."""
-    cmd = [sys.executable, str(ROOT / "tools" / "ab_module.py"), "--rev", "HEAD", "--attention", "bigbird",
-           "--tokens", "64", "--blocks", "2", "--steps", "1"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "ab_module.py"),
+        "--rev",
+        "HEAD",
+        "--attention",
+        "bigbird",
+        "--tokens",
+        "64",
+        "--blocks",
+        "2",
+        "--steps",
+        "1",
+    ]
     out = subprocess.run(cmd + ["--module", "vitzoo.attention.sparse.gather"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "vitzoo.attention.sparse.pattern.block_attention" in out.stdout and "B faster by" in out.stdout
@@ -82,8 +115,18 @@ def test_ab_cpu_kernel_times_the_kernels_against_the_torch_path():
     prints their difference and ratio for training and inference."""
     for stem in ("block_attention", "feature_attention"):
         require_cpu_kernel(stem)
-    cmd = [sys.executable, str(ROOT / "tools" / "ab_cpu_kernel.py"), "--attention", "local,performer", "--tokens",
-           "64", "--blocks", "2", "--steps", "1"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "ab_cpu_kernel.py"),
+        "--attention",
+        "local,performer",
+        "--tokens",
+        "64",
+        "--blocks",
+        "2",
+        "--steps",
+        "1",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if "kernel faster by" in ln]

@@ -25,13 +25,36 @@ from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, train
 from vitzoo.training.cli import check_group_choices
 
-TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-        "trainer.limit_val_batches=1", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
-        "callbacks.rich_progress_bar=null", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1"]
-HPARAMS = {"model": {"name": "vit_cifar", "img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2, "num_classes": 10},
-           "attention": {"name": "global"}, "optim": None, "data": None}
-DIGITS = {"_target_": "vitzoo.data.datamodules.DigitsDataModule", "name": "digits", "img_size": 32, "num_classes": 10,
-          "batch_size": 32, "num_workers": 0, "flip": False, "augment": False}
+TINY = [
+    "+model.depth=1",
+    "+model.embed_dim=32",
+    "+model.num_heads=2",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.enable_progress_bar=false",
+    "callbacks.rich_progress_bar=null",
+    "benchmark.batch_size=4",
+    "benchmark.warmup=1",
+    "benchmark.steps=1",
+]
+HPARAMS = {
+    "model": {"name": "vit_cifar", "img_size": 32, "depth": 1, "embed_dim": 32, "num_heads": 2, "num_classes": 10},
+    "attention": {"name": "global"},
+    "optim": None,
+    "data": None,
+}
+DIGITS = {
+    "_target_": "vitzoo.data.datamodules.DigitsDataModule",
+    "name": "digits",
+    "img_size": 32,
+    "num_classes": 10,
+    "batch_size": 32,
+    "num_workers": 0,
+    "flip": False,
+    "augment": False,
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,14 +62,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder`` with its size and mtime: "an untouched disk"."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()
+    }
 
 
 def checkpoint(tmp_path: Path, name="good.ckpt", **changes) -> Path:
     """A vitzoo checkpoint (what training saves: state_dict, hyper_parameters, config) with ``changes`` applied."""
     module = VitModule(**HPARAMS)
-    ckpt = {"state_dict": module.state_dict(), "hyper_parameters": dict(HPARAMS), "config": {"data": dict(DIGITS)},
-            "epoch": 0, "global_step": 0}
+    ckpt = {
+        "state_dict": module.state_dict(),
+        "hyper_parameters": dict(HPARAMS),
+        "config": {"data": dict(DIGITS)},
+        "epoch": 0,
+        "global_step": 0,
+    }
     ckpt.update(changes)
     path = tmp_path / name
     torch.save(ckpt, path)
@@ -75,16 +105,30 @@ class WritesAFile:
 
 # ---- hostile checkpoints: data, never code ---------------------------------------------------------------------
 HOSTILE_CKPT = {
-    "foreign data _target_": (dict(config={"data": {**DIGITS, "_target_": "os.remove", "path": "VICTIM"}}),
-                              r"config.data._target_='os.remove' is not an allowed data class"),
-    "nested _target_": (dict(config={"data": {**DIGITS, "mean": {"_target_": "shutil.rmtree", "path": "VICTIM"}}}),
-                        r"config.data.mean._target_='shutil.rmtree' is not an allowed"),
-    "interpolation": (dict(config={"data": {**DIGITS, "root": "${oc.env:HOME}"}}), r"config.data.root=.* is an interpolation"),
-    "instantiator in hparams": (dict(hyper_parameters={**HPARAMS, "_instantiator": "os.system"}),
-                                r"unknown hyper-parameter '_instantiator'"),
-    "model name not registered": (dict(hyper_parameters={**HPARAMS, "model": {"name": "os.system"}}), r"unknown model 'os.system'"),
-    "wrong shapes": (dict(hyper_parameters={**HPARAMS, "model": {**HPARAMS["model"], "num_classes": 7}}),
-                     r"the weights do not fit the model it describes \(size mismatch for net.head.weight"),
+    "foreign data _target_": (
+        dict(config={"data": {**DIGITS, "_target_": "os.remove", "path": "VICTIM"}}),
+        r"config.data._target_='os.remove' is not an allowed data class",
+    ),
+    "nested _target_": (
+        dict(config={"data": {**DIGITS, "mean": {"_target_": "shutil.rmtree", "path": "VICTIM"}}}),
+        r"config.data.mean._target_='shutil.rmtree' is not an allowed",
+    ),
+    "interpolation": (
+        dict(config={"data": {**DIGITS, "root": "${oc.env:HOME}"}}),
+        r"config.data.root=.* is an interpolation",
+    ),
+    "instantiator in hparams": (
+        dict(hyper_parameters={**HPARAMS, "_instantiator": "os.system"}),
+        r"unknown hyper-parameter '_instantiator'",
+    ),
+    "model name not registered": (
+        dict(hyper_parameters={**HPARAMS, "model": {"name": "os.system"}}),
+        r"unknown model 'os.system'",
+    ),
+    "wrong shapes": (
+        dict(hyper_parameters={**HPARAMS, "model": {**HPARAMS["model"], "num_classes": 7}}),
+        r"the weights do not fit the model it describes \(size mismatch for net.head.weight",
+    ),
 }
 
 
@@ -114,9 +158,11 @@ def test_pickled_or_truncated_checkpoint_never_runs(payload, tmp_path):
     else:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     before = snapshot(tmp_path)
-    for load in (lambda: evaluate(compose_cfg([f"ckpt_path={path}"], tmp_path / "eval", config="eval")),
-                 lambda: VitModule.load_from_checkpoint(path),
-                 lambda: train(compose_cfg([*TINY, f"ckpt_path={path}"], tmp_path / "run"))):
+    for load in (
+        lambda: evaluate(compose_cfg([f"ckpt_path={path}"], tmp_path / "eval", config="eval")),
+        lambda: VitModule.load_from_checkpoint(path),
+        lambda: train(compose_cfg([*TINY, f"ckpt_path={path}"], tmp_path / "run")),
+    ):
         with pytest.raises(ConfigError, match=r"ckpt_path=.* is not a checkpoint \(\w+\)$"):
             load()
     assert not marker.exists()
@@ -125,19 +171,34 @@ def test_pickled_or_truncated_checkpoint_never_runs(payload, tmp_path):
 
 # ---- hostile exports ---------------------------------------------------------------------------------------------
 HOSTILE_EXPORT = {
-    "model is an import path": (lambda d: edit_json(d / "config.json", model="os.system"), r"unknown model 'os.system'"),
-    "_target_ in attention": (lambda d: edit_json(d / "config.json", attention={"name": "global", "_target_": "os.system"}),
-                              r"unknown option attention._target_"),
-    "_target_ in model options": (lambda d: edit_json(d / "config.json", model_options={"_target_": "os.system"}),
-                                  r"unknown option model._target_"),
+    "model is an import path": (
+        lambda d: edit_json(d / "config.json", model="os.system"),
+        r"unknown model 'os.system'",
+    ),
+    "_target_ in attention": (
+        lambda d: edit_json(d / "config.json", attention={"name": "global", "_target_": "os.system"}),
+        r"unknown option attention._target_",
+    ),
+    "_target_ in model options": (
+        lambda d: edit_json(d / "config.json", model_options={"_target_": "os.system"}),
+        r"unknown option model._target_",
+    ),
     "interpolation": (lambda d: edit_json(d / "config.json", data={"root": "${oc.env:HOME}"}), r"is an interpolation"),
-    "truncated config.json": (lambda d: (d / "config.json").write_text((d / "config.json").read_text()[:40]),
-                              r"config.json is not valid JSON"),
-    "truncated weights": (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:100]),
-                          r"model.safetensors: cannot load the weights \(SafetensorError"),
-    "wrong shapes": (lambda d: edit_json(d / "config.json", model_options={**json.loads((d / "config.json").read_text())["model_options"],
-                                                                           "num_classes": 7}),
-                     r"cannot load the weights .*(size|shape)"),
+    "truncated config.json": (
+        lambda d: (d / "config.json").write_text((d / "config.json").read_text()[:40]),
+        r"config.json is not valid JSON",
+    ),
+    "truncated weights": (
+        lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:100]),
+        r"model.safetensors: cannot load the weights \(SafetensorError",
+    ),
+    "wrong shapes": (
+        lambda d: edit_json(
+            d / "config.json",
+            model_options={**json.loads((d / "config.json").read_text())["model_options"], "num_classes": 7},
+        ),
+        r"cannot load the weights .*(size|shape)",
+    ),
     "missing weights file": (lambda d: (d / "model.safetensors").unlink(), r"missing model.safetensors"),
 }
 
@@ -157,7 +218,9 @@ def image_tree(root: Path, classes=("a", "b"), per_class=2, split="train", mode=
     for c in classes:
         (root / split / c).mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
-            Image.new(mode, (8, 8), color=(i * 40) if mode == "L" else (i * 40, 0, 0)).save(root / split / c / f"{i}.jpg")
+            Image.new(mode, (8, 8), color=(i * 40) if mode == "L" else (i * 40, 0, 0)).save(
+                root / split / c / f"{i}.jpg"
+            )
     return root
 
 
@@ -182,6 +245,7 @@ def bad_folder(kind):
             for i in range(2):
                 (root / "train" / "a" / f"{i}.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
         return root
+
     return make
 
 
@@ -228,55 +292,144 @@ def other_project_ckpt(tmp_path):
 
 def eval_other_classes(tmp_path):
     path = checkpoint(tmp_path)
-    evaluate(compose_cfg([f"ckpt_path={path}", "data=imagefolder", f"data.root={image_tree(tmp_path / 'imgs')}",
-                          "data.num_workers=0", "data.val_fraction=0.5"], tmp_path / "eval", config="eval"))
+    evaluate(
+        compose_cfg(
+            [
+                f"ckpt_path={path}",
+                "data=imagefolder",
+                f"data.root={image_tree(tmp_path / 'imgs')}",
+                "data.num_workers=0",
+                "data.val_fraction=0.5",
+            ],
+            tmp_path / "eval",
+            config="eval",
+        )
+    )
 
 
 def cli(*args):
     def call(tmp_path):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-        proc = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         last = proc.stderr.strip().splitlines()[-1]  # (after any library warnings)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Could not find" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Could not find" not in proc.stderr, (
+            proc.stderr[-2000:]
+        )
         raise ConfigError(last.removeprefix("error: "))
+
     return call
 
 
 CHOICES = r"choose attention= one of: bigbird, .*, window$"
 BAD_INPUTS = {  # name: (call(tmp_path[, monkeypatch]), expected one-line message)
     "attention=bogus (command line)": (cli("attention=bogus"), r"^unknown attention 'bogus'; " + CHOICES),
-    "model=bogus (command line, sweep)": (cli("-m", "model=vit_cifar,bogus"), r"^unknown model 'bogus'; choose model= one of: swin_base"),
+    "model=bogus (command line, sweep)": (
+        cli("-m", "model=vit_cifar,bogus"),
+        r"^unknown model 'bogus'; choose model= one of: swin_base",
+    ),
     "attention.name=bogus": (lambda t: run_train(t, "attention.name=bogus"), r"unknown attention 'bogus'; " + CHOICES),
-    "data=bogus (group option)": (lambda t: check_group_choices(["data=bogus"]), r"unknown data 'bogus'; choose data= one of: cifar10"),
+    "data=bogus (group option)": (
+        lambda t: check_group_choices(["data=bogus"]),
+        r"unknown data 'bogus'; choose data= one of: cifar10",
+    ),
     "unknown model key": (lambda t: run_train(t, "+model.bogus=1"), r"unknown option model.bogus for ViTConfig"),
     "unknown attention key": (lambda t: run_train(t, "+attention.bogus=1"), r"unknown option attention.bogus"),
     "unknown optim key": (lambda t: run_train(t, "+optim.bogus=1"), r"optim.bogus"),
-    "wrong type: batch size": (lambda t: run_train(t, "data.batch_size=0"), r"data.batch_size must be a positive integer"),
-    "wrong type: val fraction": (lambda t: run_train(t, "data.val_fraction=1.5"), r"data.val_fraction must be in \(0, 1\)"),
-    "wrong type: every_n_train_steps": (lambda t: run_train(t, "callbacks.model_checkpoint.every_n_train_steps=-2"),
-                                        r"every_n_train_steps must be a positive integer or null"),
-    "img_size not divisible by patch": (lambda t: run_train(t, "model.img_size=30"), r"model.img_size \(30\) must be divisible"),
-    "embed_dim not divisible by heads": (lambda t: run_train(t, "model.num_heads=5"), r"model.embed_dim \(32\) must be divisible by model.num_heads \(5\)"),
-    "window larger than grid, clamp=false": (lambda t: run_train(t, "attention=window", "attention.window_size=16", "attention.clamp=false",
-                                                                  "attention.pad=false"), r"attention\.(window_size|clamp|pad)"),
-    "model/data classes mismatch": (lambda t: run_train(t, "model.num_classes=7"), r"model.num_classes=7 but the data has 10 classes"),
-    "foreign logger _target_": (lambda t: run_train(t, "logger.csv._target_=os.system"), r"logger.csv._target_='os.system' is not an allowed logger class"),
-    "foreign callback _target_": (lambda t: run_train(t, "callbacks.lr_monitor._target_=builtins.exec"), r"callbacks.lr_monitor._target_='builtins.exec' is not an allowed"),
-    "foreign data _target_": (lambda t: run_train(t, "data._target_=shutil.rmtree"), r"data._target_='shutil.rmtree' is not an allowed data class"),
-    "missing data folder": (lambda t: run_train(t, "data=imagefolder", "data.root=/nonexistent/vitzoo"), r"data.root=/nonexistent/vitzoo has no train/"),
-    "empty image folder": (lambda t: data_module(bad_folder("empty")(t)), r"data.root: .*/train holds no images in <class>/ folders"),
-    "class folder without images": (lambda t: data_module(bad_folder("no images")(t)), r"data.root: .*/train holds no images"),
-    "unreadable image folder": (lambda t, m: data_module(unreadable(t, m)), r"data.root: cannot read .*/train \(Permission denied\)"),
-    "train/ and val/ classes differ": (lambda t: data_module(bad_folder("mismatch")(t)), r"val/ classes differ from train/ classes \(in one only: b, c\)"),
-    "corrupt JPEG": (lambda t: read_all(data_module(bad_folder("corrupt")(t))), r"cannot read image .*/a/[01].jpg \((UnidentifiedImageError|OSError)"),
-    "offline download": (lambda t: run_train(t, "data=cifar10", "data.root=/nonexistent/vitzoo", "data.download=false"), r"data.download=true"),
-    "missing resume checkpoint": (lambda t: run_train(t, "ckpt_path=/nonexistent/x.ckpt"), r"ckpt_path=/nonexistent/x.ckpt does not exist"),
+    "wrong type: batch size": (
+        lambda t: run_train(t, "data.batch_size=0"),
+        r"data.batch_size must be a positive integer",
+    ),
+    "wrong type: val fraction": (
+        lambda t: run_train(t, "data.val_fraction=1.5"),
+        r"data.val_fraction must be in \(0, 1\)",
+    ),
+    "wrong type: every_n_train_steps": (
+        lambda t: run_train(t, "callbacks.model_checkpoint.every_n_train_steps=-2"),
+        r"every_n_train_steps must be a positive integer or null",
+    ),
+    "img_size not divisible by patch": (
+        lambda t: run_train(t, "model.img_size=30"),
+        r"model.img_size \(30\) must be divisible",
+    ),
+    "embed_dim not divisible by heads": (
+        lambda t: run_train(t, "model.num_heads=5"),
+        r"model.embed_dim \(32\) must be divisible by model.num_heads \(5\)",
+    ),
+    "window larger than grid, clamp=false": (
+        lambda t: run_train(
+            t, "attention=window", "attention.window_size=16", "attention.clamp=false", "attention.pad=false"
+        ),
+        r"attention\.(window_size|clamp|pad)",
+    ),
+    "model/data classes mismatch": (
+        lambda t: run_train(t, "model.num_classes=7"),
+        r"model.num_classes=7 but the data has 10 classes",
+    ),
+    "foreign logger _target_": (
+        lambda t: run_train(t, "logger.csv._target_=os.system"),
+        r"logger.csv._target_='os.system' is not an allowed logger class",
+    ),
+    "foreign callback _target_": (
+        lambda t: run_train(t, "callbacks.lr_monitor._target_=builtins.exec"),
+        r"callbacks.lr_monitor._target_='builtins.exec' is not an allowed",
+    ),
+    "foreign data _target_": (
+        lambda t: run_train(t, "data._target_=shutil.rmtree"),
+        r"data._target_='shutil.rmtree' is not an allowed data class",
+    ),
+    "missing data folder": (
+        lambda t: run_train(t, "data=imagefolder", "data.root=/nonexistent/vitzoo"),
+        r"data.root=/nonexistent/vitzoo has no train/",
+    ),
+    "empty image folder": (
+        lambda t: data_module(bad_folder("empty")(t)),
+        r"data.root: .*/train holds no images in <class>/ folders",
+    ),
+    "class folder without images": (
+        lambda t: data_module(bad_folder("no images")(t)),
+        r"data.root: .*/train holds no images",
+    ),
+    "unreadable image folder": (
+        lambda t, m: data_module(unreadable(t, m)),
+        r"data.root: cannot read .*/train \(Permission denied\)",
+    ),
+    "train/ and val/ classes differ": (
+        lambda t: data_module(bad_folder("mismatch")(t)),
+        r"val/ classes differ from train/ classes \(in one only: b, c\)",
+    ),
+    "corrupt JPEG": (
+        lambda t: read_all(data_module(bad_folder("corrupt")(t))),
+        r"cannot read image .*/a/[01].jpg \((UnidentifiedImageError|OSError)",
+    ),
+    "offline download": (
+        lambda t: run_train(t, "data=cifar10", "data.root=/nonexistent/vitzoo", "data.download=false"),
+        r"data.download=true",
+    ),
+    "missing resume checkpoint": (
+        lambda t: run_train(t, "ckpt_path=/nonexistent/x.ckpt"),
+        r"ckpt_path=/nonexistent/x.ckpt does not exist",
+    ),
     ".ckpt from another project": (other_project_ckpt, r"not a vitzoo training checkpoint"),
-    "eval data with other classes": (eval_other_classes, r"data=imagefolder has 2 classes but the checkpoint's model has 10"),
-    "export with a missing file": (lambda t: (exported(t) / "config.json").unlink() or vitzoo.load_model(t / "export"), r"missing config.json"),
+    "eval data with other classes": (
+        eval_other_classes,
+        r"data=imagefolder has 2 classes but the checkpoint's model has 10",
+    ),
+    "export with a missing file": (
+        lambda t: (exported(t) / "config.json").unlink() or vitzoo.load_model(t / "export"),
+        r"missing config.json",
+    ),
     "NaN loss": (lambda t, m: nan_loss(t, m), r"train/loss is nan at step 0 \(epoch 0\); stopped before the update"),
-    "disk full writing the export": (lambda t, m: disk_full(t, m), r"could not write the export to .*/export \(disk full\); free space"),
+    "disk full writing the export": (
+        lambda t, m: disk_full(t, m),
+        r"could not write the export to .*/export \(disk full\); free space",
+    ),
 }
 
 

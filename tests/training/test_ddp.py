@@ -29,9 +29,24 @@ def weights(run_dir):
 def test_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path):
     ddp_dir, one_dir = tmp_path / "ddp", tmp_path / "one"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.run([sys.executable, "train.py", *COMMON, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                           "trainer.precision=32-true", "data.batch_size=16", f"hydra.run.dir={ddp_dir}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *COMMON,
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+            "data.batch_size=16",
+            f"hydra.run.dir={ddp_dir}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[*COMMON, "data.batch_size=32"])
@@ -41,7 +56,9 @@ def test_two_cpu_processes_match_one_process_with_the_same_global_batch(tmp_path
     ddp = json.loads((ddp_dir / "results.json").read_text())
     assert ddp["status"] == "finished" and ddp["epochs"] == one["epochs"] == 6
     # rank 0 alone wrote the run's files: no per-rank copies, one metrics.csv with reduced metrics
-    assert sorted(p.name for p in (ddp_dir / "checkpoints").iterdir()) == sorted(p.name for p in (one_dir / "checkpoints").iterdir())
+    assert sorted(p.name for p in (ddp_dir / "checkpoints").iterdir()) == sorted(
+        p.name for p in (one_dir / "checkpoints").iterdir()
+    )
     assert not list(ddp_dir.rglob("*rank*")) and (ddp_dir / "export" / "model.safetensors").is_file()
     # The same 32 images, the same initial weights, gradients averaged over 2x16 instead of 1x32: they differ
     # only by float32 summation order (~1e-7 relative). AdamW divides by sqrt(v), so after 6 steps of lr 1e-3 a

@@ -53,10 +53,23 @@ def test_warmup_is_a_share_of_the_run():
 
 def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
     data = make_folder(tmp_path / "data")
-    cfg = compose_cfg(["experiment=cifar10_vit", *TINY_VIT, *QUIET, f"data.root={data}", f"data.cache_dir={tmp_path / 'cache'}",
-                       "data.batch_size=4", "data.val_fraction=0.25", "trainer.max_epochs=2", "trainer.limit_train_batches=3",
-                       "optim.mixup_alpha=0.8", "optim.cutmix_alpha=1.0",
-                       "callbacks.ema={_target_:vitzoo.training.callbacks.EMA,decay:0.9}"], tmp_path / "run")
+    cfg = compose_cfg(
+        [
+            "experiment=cifar10_vit",
+            *TINY_VIT,
+            *QUIET,
+            f"data.root={data}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.batch_size=4",
+            "data.val_fraction=0.25",
+            "trainer.max_epochs=2",
+            "trainer.limit_train_batches=3",
+            "optim.mixup_alpha=0.8",
+            "optim.cutmix_alpha=1.0",
+            "callbacks.ema={_target_:vitzoo.training.callbacks.EMA,decay:0.9}",
+        ],
+        tmp_path / "run",
+    )
     assert cfg.data.device_augment and cfg.data.cache and cfg.optim.warmup_fraction == 0.05
     results = train(cfg)
     assert results["status"] == "finished" and results["epochs"] == 2
@@ -66,8 +79,17 @@ def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
     raw, ema = ckpt["current_model_state"], ckpt["state_dict"]
     assert any(not torch.equal(raw[k], ema[k]) for k in ema if k.startswith("net."))
 
-    report = evaluate(eval_cfg([f"ckpt_path={results['best_ckpt']}", "benchmark.steps=1", "benchmark.batch_size=4",
-                                "trainer.enable_progress_bar=false"], tmp_path / "eval"))
+    report = evaluate(
+        eval_cfg(
+            [
+                f"ckpt_path={results['best_ckpt']}",
+                "benchmark.steps=1",
+                "benchmark.batch_size=4",
+                "trainer.enable_progress_bar=false",
+            ],
+            tmp_path / "eval",
+        )
+    )
     assert report["num_val_images"] == 6 and report["preprocessing"]["mean"] == list(cfg.data.mean)
 
 
@@ -89,10 +111,23 @@ def test_mixup_with_an_odd_batch_fails_before_training(tmp_path):
 
 def test_cifar10_pixels_smoke(tmp_path):
     data = make_folder(tmp_path / "data", per_class=4)
-    cfg = compose_cfg(["experiment=cifar10_pixels", "attention=linear", "model.depth=1", "model.embed_dim=16",
-                       "model.num_heads=2", *QUIET, f"data.root={data}", f"data.cache_dir={tmp_path / 'cache'}",
-                       "data.batch_size=4", "data.val_fraction=0.25", "trainer.max_steps=2", "trainer.limit_val_batches=1"],
-                      tmp_path / "run")
+    cfg = compose_cfg(
+        [
+            "experiment=cifar10_pixels",
+            "attention=linear",
+            "model.depth=1",
+            "model.embed_dim=16",
+            "model.num_heads=2",
+            *QUIET,
+            f"data.root={data}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.batch_size=4",
+            "data.val_fraction=0.25",
+            "trainer.max_steps=2",
+            "trainer.limit_val_batches=1",
+        ],
+        tmp_path / "run",
+    )
     assert cfg.model.patch_size == 1
     results = train(cfg)
     assert results["status"] == "finished" and results["train_images_per_s"] and results["peak_memory_mb"] is not None
@@ -100,7 +135,9 @@ def test_cifar10_pixels_smoke(tmp_path):
 
 def run(*args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
@@ -108,19 +145,34 @@ def test_sweep_skips_finished_jobs_and_resumes_killed_ones(tmp_path):
     """A sweep folder with one finished job (fabricated results.json) and one killed job (a checkpoint after epoch 1,
     results.json still 'running') completes: the finished job is not trained again, the killed one resumes."""
     sweep = tmp_path / "sweep"
-    common = ["experiment=zoo_digits", *TINY_VIT, *QUIET, "data.batch_size=32", "trainer.limit_train_batches=3",
-              "trainer.limit_val_batches=2", "trainer.max_epochs=2"]
+    common = [
+        "experiment=zoo_digits",
+        *TINY_VIT,
+        *QUIET,
+        "data.batch_size=32",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=2",
+        "trainer.max_epochs=2",
+    ]
     finished = sweep / "0_vit_cifar_global"
     finished.mkdir(parents=True)
-    fabricated = {"status": "finished", "best_val_acc": 0.5, "attention": "global", "model": "vit_cifar", "data": "digits",
-                  "fabricated": True}
+    fabricated = {
+        "status": "finished",
+        "best_val_acc": 0.5,
+        "attention": "global",
+        "model": "vit_cifar",
+        "data": "digits",
+        "fabricated": True,
+    }
     (finished / "results.json").write_text(json.dumps(fabricated))
     killed = sweep / "1_vit_cifar_linear"
     train(compose_cfg([*common, "attention=linear", "trainer.max_epochs=1"], killed))  # epoch 1 and its last.ckpt
     status = json.loads((killed / "results.json").read_text())
     (killed / "results.json").write_text(json.dumps({**status, "status": "running"}))  # what a SIGKILL leaves
 
-    proc = run("-m", *common, "attention=global,linear", "ckpt_path=auto", "skip_finished=true", f"hydra.sweep.dir={sweep}")
+    proc = run(
+        "-m", *common, "attention=global,linear", "ckpt_path=auto", "skip_finished=true", f"hydra.sweep.dir={sweep}"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((finished / "results.json").read_text()) == fabricated  # not trained again
     assert not (finished / "checkpoints").exists()
@@ -134,8 +186,13 @@ def test_data_speed_smoke(tmp_path):
     from vitzoo.bench.data_speed import measure
 
     data = make_folder(tmp_path / "data", per_class=4)
-    overrides = [f"data.root={data}", f"data.cache_dir={tmp_path / 'cache'}", "data.batch_size=4", "data.val_fraction=0.25",
-                 *TINY_VIT]
+    overrides = [
+        f"data.root={data}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.batch_size=4",
+        "data.val_fraction=0.25",
+        *TINY_VIT,
+    ]
     result = measure("cifar10_vit", overrides, blocks=2, steps=1, warmup=1, device="cpu")
     assert result.batch_size == 4 and result.device == "cpu"
     assert result.pipeline_images_per_s > 0 and result.tensor_images_per_s > 0 and result.ratio > 0
@@ -148,8 +205,11 @@ def script_sweeps():
 
     text = (ROOT / "scripts" / "sweep_gpu.sh").read_text().replace("\\\n", " ")
     gpu = shlex.split(re.search(r"^GPU=\((.*)\)$", text, re.M).group(1))
-    commands = [shlex.split(line.replace('"${GPU[@]}"', " ".join(gpu)))[3:]
-                for line in text.splitlines() if line.startswith("python train.py -m")]
+    commands = [
+        shlex.split(line.replace('"${GPU[@]}"', " ".join(gpu)))[3:]
+        for line in text.splitlines()
+        if line.startswith("python train.py -m")
+    ]
     return [[a for a in c if not a.startswith("hydra.sweep.dir=")] for c in commands]
 
 

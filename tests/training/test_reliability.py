@@ -104,8 +104,11 @@ def test_kill_at_epoch_boundary_and_resume_is_bit_exact(tmp_path):
 
 
 def test_auto_without_checkpoint_starts_fresh_and_says_so(tmp_path, capsys):
-    results = train(compose_cfg([*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=1", "export=false",
-                                 "ckpt_path=auto"], tmp_path))
+    results = train(
+        compose_cfg(
+            [*TINY, "trainer.max_epochs=1", "trainer.limit_train_batches=1", "export=false", "ckpt_path=auto"], tmp_path
+        )
+    )
     assert results["status"] == "finished" and results["resumed_from"] is None
     assert f"ckpt_path=auto: no checkpoint in {tmp_path / 'checkpoints'}; starting fresh" in capsys.readouterr().out
 
@@ -137,8 +140,11 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_p
 
     monkeypatch.setattr(VitModule, "training_step", nan_step)
     cfg = compose_cfg([*TINY, "callbacks.model_checkpoint.every_n_train_steps=2"], tmp_path)
-    with pytest.raises(TrainingDiverged, match=r"train/loss is nan at step 5 \(epoch 1\); stopped before the update, "
-                                               r"last good checkpoint: .*last.ckpt; lower optim.lr") as err:
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"train/loss is nan at step 5 \(epoch 1\); stopped before the update, "
+        r"last good checkpoint: .*last.ckpt; lower optim.lr",
+    ) as err:
         train(cfg)
     assert "\n" not in str(err.value)
     kept = last_ckpt(tmp_path)

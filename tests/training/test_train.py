@@ -28,10 +28,22 @@ TINY_MODEL = {
     "vit_cifar": ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2"],
     "swin_cifar": ["+model.patch_size=4", "+model.depths=[2,1]", "+model.embed_dim=16", "+model.num_heads=[2,2]"],
 }
-FAST = ["data.batch_size=32", "data.augment=false", "trainer.overfit_batches=1", "trainer.max_epochs=30",
-        "trainer.check_val_every_n_epoch=15", "trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=1",
-        "trainer.enable_progress_bar=false", "callbacks.rich_progress_bar=null", "optim.lr=1e-2", "optim.warmup_epochs=5",
-        "benchmark.batch_size=8", "benchmark.warmup=1", "benchmark.steps=2"]
+FAST = [
+    "data.batch_size=32",
+    "data.augment=false",
+    "trainer.overfit_batches=1",
+    "trainer.max_epochs=30",
+    "trainer.check_val_every_n_epoch=15",
+    "trainer.num_sanity_val_steps=0",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "callbacks.rich_progress_bar=null",
+    "optim.lr=1e-2",
+    "optim.warmup_epochs=5",
+    "benchmark.batch_size=8",
+    "benchmark.warmup=1",
+    "benchmark.steps=2",
+]
 ATTENTION = vitzoo.list_attention()
 CASES = [(m, a) for m in TINY_MODEL for a in ATTENTION]
 
@@ -64,8 +76,9 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     assert 0 <= on_disk["best_val_acc"] <= on_disk["best_val_acc5"] <= 1
     assert on_disk["train_images_per_s"] > 0 and on_disk["infer_images_per_s"] > 0 and on_disk["epochs"] == 30
     # train MFU: analytic MACs x 3 per training image over the cached matmul peak
-    assert on_disk["train_mfu"] == pytest.approx(on_disk["gmacs_analytic"] * 3 * on_disk["train_images_per_s"]
-                                                 / on_disk["matmul_peak_gmacs_s"])
+    assert on_disk["train_mfu"] == pytest.approx(
+        on_disk["gmacs_analytic"] * 3 * on_disk["train_images_per_s"] / on_disk["matmul_peak_gmacs_s"]
+    )
     assert on_disk["gmacs"] > 0 and on_disk["params"] == sum(p.numel() for p in module.net.parameters())
 
     log = pd.read_csv(tmp_path / "csv" / "metrics.csv")
@@ -87,13 +100,26 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     ckpt = torch.load(on_disk["best_ckpt"], map_location="cpu", weights_only=True)
     assert ckpt["config"]["attention"]["name"] == attention  # resolved run config inside the checkpoint
 
-    report = evaluate(compose_cfg([f"ckpt_path={on_disk['best_ckpt']}", "trainer.limit_val_batches=1",
-                                   "trainer.enable_progress_bar=false", "benchmark.batch_size=8", "benchmark.warmup=1",
-                                   "benchmark.steps=2"], tmp_path / "eval", config="eval"))
+    report = evaluate(
+        compose_cfg(
+            [
+                f"ckpt_path={on_disk['best_ckpt']}",
+                "trainer.limit_val_batches=1",
+                "trainer.enable_progress_bar=false",
+                "benchmark.batch_size=8",
+                "benchmark.warmup=1",
+                "benchmark.steps=2",
+            ],
+            tmp_path / "eval",
+            config="eval",
+        )
+    )
     assert report["val_acc"] == pytest.approx(on_disk["best_val_acc"], abs=1e-6)  # same weights, same 32 images
     assert report["val_loss"] == pytest.approx(on_disk["val_loss"], rel=1e-5)
     assert report["params"] == on_disk["params"] and report["gmacs"] == pytest.approx(on_disk["gmacs"])
-    written = json.loads((tmp_path / "checkpoints" / (os.path.basename(on_disk["best_ckpt"])[:-5] + ".eval.json")).read_text())
+    written = json.loads(
+        (tmp_path / "checkpoints" / (os.path.basename(on_disk["best_ckpt"])[:-5] + ".eval.json")).read_text()
+    )
     assert written["val_acc5"] == report["val_acc5"] and written["infer_images_per_s"] > 0
 
 
@@ -141,7 +167,10 @@ def digits_tensors(img_size=16):
 
     dm = DigitsDataModule(name="digits", img_size=img_size, num_classes=10, flip=False, augment=False)
     dm.setup()
-    stack = lambda ds: (torch.stack([ds[i][0] for i in range(len(ds))]), torch.tensor([ds[i][1] for i in range(len(ds))]))  # noqa: E731
+    stack = lambda ds: (
+        torch.stack([ds[i][0] for i in range(len(ds))]),
+        torch.tensor([ds[i][1] for i in range(len(ds))]),
+    )  # noqa: E731
     return stack(dm.train_set), stack(dm.val_set)
 
 
@@ -150,8 +179,17 @@ def train_digits(attention, steps=300, zero_attention=False):
     32 images; returns held-out accuracy on the 180 validation digits."""
     (xs, ys), (xv, yv) = digits_tensors()
     torch.manual_seed(0)
-    net = vitzoo.create_model("vit_cifar", attention=attention, img_size=16, patch_size=4, depth=1, embed_dim=32,
-                              num_heads=2, window_size=2, drop_path_rate=0.0)
+    net = vitzoo.create_model(
+        "vit_cifar",
+        attention=attention,
+        img_size=16,
+        patch_size=4,
+        depth=1,
+        embed_dim=32,
+        num_heads=2,
+        window_size=2,
+        drop_path_rate=0.0,
+    )
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.0)
     g = torch.Generator().manual_seed(0)
     ctx = zeroed_attention(net) if zero_attention else contextlib.nullcontext()
@@ -184,14 +222,29 @@ def test_without_attention_the_same_run_stays_at_chance():
 BAD = {
     "unknown attention": (["attention.name=bogus"], r"unknown attention 'bogus'; choose attention= one of: .*global"),
     "unknown attention option": (["+attention.bogus=1"], r"unknown option attention.bogus"),
-    "backend option out of range": (["attention=window", "attention.window_size=0"], r"attention.window_size must be a positive"),
-    "img not divisible by patch": (["model.img_size=30"], r"model.img_size \(30\) must be divisible by model.patch_size"),
-    "dim not divisible by heads": (["model.num_heads=5"], r"model.embed_dim \(32\) must be divisible by model.num_heads \(5\)"),
+    "backend option out of range": (
+        ["attention=window", "attention.window_size=0"],
+        r"attention.window_size must be a positive",
+    ),
+    "img not divisible by patch": (
+        ["model.img_size=30"],
+        r"model.img_size \(30\) must be divisible by model.patch_size",
+    ),
+    "dim not divisible by heads": (
+        ["model.num_heads=5"],
+        r"model.embed_dim \(32\) must be divisible by model.num_heads \(5\)",
+    ),
     "unknown model option": (["+model.bogus=1"], r"unknown option model.bogus"),
     "unknown optim option": (["+optim.bogus=1"], r"^unknown option optim.bogus for OptimConfig"),
     "classes mismatch": (["model.num_classes=7"], r"model.num_classes=7 but the data has 10 classes"),
-    "missing data folder": (["data=imagefolder", "data.root=/nonexistent/vitzoo"], r"data.root=/nonexistent/vitzoo has no train/"),
-    "offline download": (["data=cifar10", "data.root=/nonexistent/vitzoo", "data.download=false"], r"data.root=.*data.download=true"),
+    "missing data folder": (
+        ["data=imagefolder", "data.root=/nonexistent/vitzoo"],
+        r"data.root=/nonexistent/vitzoo has no train/",
+    ),
+    "offline download": (
+        ["data=cifar10", "data.root=/nonexistent/vitzoo", "data.download=false"],
+        r"data.root=.*data.download=true",
+    ),
     "missing resume checkpoint": (["ckpt_path=/nonexistent/x.ckpt"], r"ckpt_path=/nonexistent/x.ckpt does not exist"),
 }
 
@@ -221,17 +274,34 @@ def test_eval_rejects_bad_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (CIFAR_ROOT / "train").is_dir(), reason=f"CIFAR-10 JPEGs not found at {CIFAR_ROOT} (env VITZOO_CIFAR10)")
+@pytest.mark.skipif(
+    not (CIFAR_ROOT / "train").is_dir(), reason=f"CIFAR-10 JPEGs not found at {CIFAR_ROOT} (env VITZOO_CIFAR10)"
+)
 def test_imagefolder_training_on_shared_cifar10(tmp_path):
-    results = train(compose_cfg(tiny(extra=["data=imagefolder", f"data.root={CIFAR_ROOT}", "data.num_workers=0",
-                                            "trainer.overfit_batches=0", "trainer.max_epochs=1",
-                                            "trainer.limit_train_batches=4", "trainer.limit_val_batches=2"]), tmp_path))
+    results = train(
+        compose_cfg(
+            tiny(
+                extra=[
+                    "data=imagefolder",
+                    f"data.root={CIFAR_ROOT}",
+                    "data.num_workers=0",
+                    "trainer.overfit_batches=0",
+                    "trainer.max_epochs=1",
+                    "trainer.limit_train_batches=4",
+                    "trainer.limit_val_batches=2",
+                ]
+            ),
+            tmp_path,
+        )
+    )
     assert results["status"] == "finished" and results["data"] == "imagefolder" and results["epochs"] == 1
 
 
 def run(script, *args, cwd=ROOT):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -250,8 +320,13 @@ def test_entry_points_multirun_and_eval(tmp_path):
     assert "1 of 2 jobs failed" in proc.stderr
 
     good = next(r for r in jobs.values() if r["status"] == "finished")
-    proc = run("eval.py", f"ckpt_path={good['best_ckpt']}", f"hydra.run.dir={tmp_path / 'eval'}", "benchmark.steps=2",
-               "trainer.enable_progress_bar=false")
+    proc = run(
+        "eval.py",
+        f"ckpt_path={good['best_ckpt']}",
+        f"hydra.run.dir={tmp_path / 'eval'}",
+        "benchmark.steps=2",
+        "trainer.enable_progress_bar=false",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(open(good["best_ckpt"][:-5] + ".eval.json").read())
     assert report["model"] == "vit_cifar" and 0 <= report["val_acc"] <= 1 and report["num_val_images"] == 180
@@ -262,5 +337,7 @@ def test_entry_point_single_run_error_is_one_line(tmp_path):
     proc = run("train.py", "model.img_size=30", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "error: model.img_size (30) must be divisible by model.patch_size (4)"
+    assert (
+        proc.stderr.strip().splitlines()[-1] == "error: model.img_size (30) must be divisible by model.patch_size (4)"
+    )
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"

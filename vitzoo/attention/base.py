@@ -233,5 +233,3 @@ class QKVAttention(TokenMixer):
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:  # pragma: no cover
         raise NotImplementedError
-
-

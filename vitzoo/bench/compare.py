@@ -18,12 +18,31 @@ from vitzoo.bench.options import select_backends
 from vitzoo.bench.report import markdown_table, write_csv
 from vitzoo.models import list_models
 
-RUN_COLUMNS = ["attention", "model", "data", "status", "best_val_acc", "best_val_acc5", "val_loss",
-               "train_images_per_s", "train_mfu", "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic",
-               "epochs", "overrides", "run_dir", "error"]
+RUN_COLUMNS = [
+    "attention",
+    "model",
+    "data",
+    "status",
+    "best_val_acc",
+    "best_val_acc5",
+    "val_loss",
+    "train_images_per_s",
+    "train_mfu",
+    "infer_images_per_s",
+    "peak_memory_mb",
+    "params",
+    "gmacs",
+    "gmacs_analytic",
+    "epochs",
+    "overrides",
+    "run_dir",
+    "error",
+]
 X_AXES = {"train": "train_images_per_s", "infer": "infer_images_per_s"}
-X_LABELS = {"train_images_per_s": "training throughput (images/s)",
-            "infer_images_per_s": "inference throughput (images/s)"}
+X_LABELS = {
+    "train_images_per_s": "training throughput (images/s)",
+    "infer_images_per_s": "inference throughput (images/s)",
+}
 
 
 def find_run_dirs(folder: Path) -> list[Path]:
@@ -72,8 +91,11 @@ def _choices(run: Path) -> dict[str, str]:
 
 def _results_fields(res: Mapping[str, Any], choices: Mapping[str, str]) -> dict[str, Any]:
     """The :data:`RUN_COLUMNS` of a ``results.json``, names of dict-valued choices, accuracies in percent."""
-    row = {k: res[k] for k in RUN_COLUMNS if k in res and k not in ("overrides", "run_dir")
-           and not (k in ("attention", "model", "data") and not res[k])}
+    row = {
+        k: res[k]
+        for k in RUN_COLUMNS
+        if k in res and k not in ("overrides", "run_dir") and not (k in ("attention", "model", "data") and not res[k])
+    }
     for k in ("attention", "model", "data"):  # results.json may hold dicts ({"name": ...})
         if isinstance(row.get(k), Mapping):
             row[k] = row[k].get("name") or choices.get(k)
@@ -93,11 +115,13 @@ def read_run(run: Path, root: Optional[Path] = None) -> dict[str, Any]:
     """
     run = Path(run)
     choices = _choices(run)
-    row: dict[str, Any] = {"attention": choices.get("attention"), "model": choices.get("model"),
-                           "data": choices.get("data"),
-                           "overrides": " ".join(o for o in _read_overrides(run)
-                                                 if not o.startswith(("experiment=", "hydra."))),
-                           "run_dir": str(run.relative_to(root)) if root else str(run)}
+    row: dict[str, Any] = {
+        "attention": choices.get("attention"),
+        "model": choices.get("model"),
+        "data": choices.get("data"),
+        "overrides": " ".join(o for o in _read_overrides(run) if not o.startswith(("experiment=", "hydra."))),
+        "run_dir": str(run.relative_to(root)) if root else str(run),
+    }
     path = run / "results.json"
     if not path.exists():
         return {**row, "status": "missing results.json"}
@@ -139,13 +163,27 @@ def plotted_runs(rows: Sequence[Mapping[str, Any]], x: str) -> list[Mapping[str,
 
 def _bubble_keys(ax: Any, cmap: Any, models: list[str], top: Optional[float]) -> None:
     """Legend entries: two bubble sizes (peak memory) and, with several models, one colour each."""
-    for mb in ([top / 4, top] if top else []):
-        ax.scatter([], [], s=40 + 1500 * mb / top, color="grey", alpha=0.3, edgecolors="black",
-                   label=f"peak memory {mb:.0f} MB")
+    for mb in [top / 4, top] if top else []:
+        ax.scatter(
+            [],
+            [],
+            s=40 + 1500 * mb / top,
+            color="grey",
+            alpha=0.3,
+            edgecolors="black",
+            label=f"peak memory {mb:.0f} MB",
+        )
     for m in models if len(models) > 1 else []:
         ax.scatter([], [], s=60, color=cmap(models.index(m) % 10), alpha=0.6, label=m)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), labelspacing=3.5, borderpad=1.5,
-              handletextpad=2.0, frameon=False)
+    ax.legend(
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        labelspacing=3.5,
+        borderpad=1.5,
+        handletextpad=2.0,
+        frameon=False,
+    )
 
 
 def _draw_bubbles(ax: Any, pts: Sequence[Mapping[str, Any]], x: str) -> None:
@@ -156,22 +194,34 @@ def _draw_bubbles(ax: Any, pts: Sequence[Mapping[str, Any]], x: str) -> None:
     for r in pts:
         mem = r.get("peak_memory_mb")
         area = 40 + 1500 * (float(mem) / top if _finite(mem) and top > 0 else 0.1)
-        ax.scatter(r[x], 100 * r["best_val_acc"], s=area, color=cmap(models.index(str(r.get("model"))) % 10),
-                   alpha=0.45, edgecolors="black", linewidths=0.6)
+        ax.scatter(
+            r[x],
+            100 * r["best_val_acc"],
+            s=area,
+            color=cmap(models.index(str(r.get("model"))) % 10),
+            alpha=0.45,
+            edgecolors="black",
+            linewidths=0.6,
+        )
         label = r.get("attention") if len(models) == 1 else f"{r.get('attention')} ({r.get('model')})"
         ax.annotate(str(label), (r[x], 100 * r["best_val_acc"]), fontsize=8, ha="center", va="center")
     xy = [(float(r[x]), 100 * float(r["best_val_acc"])) for r in pts]
     front = pareto_front(xy)
-    ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "--", color="crimson", lw=1.5,
-            label="Pareto front (faster and more accurate)")
+    ax.plot(
+        [xy[i][0] for i in front],
+        [xy[i][1] for i in front],
+        "--",
+        color="crimson",
+        lw=1.5,
+        label="Pareto front (faster and more accurate)",
+    )
     if max(p[0] for p in xy) / max(min(p[0] for p in xy), 1e-9) > 8:
         ax.set_xscale("log")
     _bubble_keys(ax, cmap, models, top if mems else None)
     ax.margins(0.12)
 
 
-def plot_bubbles(rows: Sequence[Mapping[str, Any]], path: Path, x: str = "train_images_per_s",
-                 title: str = "") -> Path:
+def plot_bubbles(rows: Sequence[Mapping[str, Any]], path: Path, x: str = "train_images_per_s", title: str = "") -> Path:
     """Accuracy versus throughput: one labelled bubble per run (area ∝ peak memory), Pareto front drawn.
 
     Runs that are not finished or lack the numbers are listed under the chart instead.
@@ -211,12 +261,38 @@ def _sort_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _runs_md(rows: Sequence[Mapping[str, Any]]) -> str:
     view = [{**r, "params_m": r["params"] / 1e6 if _finite(r.get("params")) else None} for r in rows]
-    cols = ["attention", "model", "data", "status", "best_val_acc_pct", "best_val_acc5_pct", "train_images_per_s",
-            "train_mfu", "infer_images_per_s", "peak_memory_mb", "params_m", "gmacs", "epochs", "run_dir", "error"]
-    return markdown_table(view, cols, {"best_val_acc_pct": "val acc %", "best_val_acc5_pct": "val acc@5 %",
-                                       "train_images_per_s": "train img/s", "train_mfu": "train MFU", "infer_images_per_s": "infer img/s",
-                                       "peak_memory_mb": "peak MB", "params_m": "params M", "gmacs": "GMACs",
-                                       "run_dir": "run"})
+    cols = [
+        "attention",
+        "model",
+        "data",
+        "status",
+        "best_val_acc_pct",
+        "best_val_acc5_pct",
+        "train_images_per_s",
+        "train_mfu",
+        "infer_images_per_s",
+        "peak_memory_mb",
+        "params_m",
+        "gmacs",
+        "epochs",
+        "run_dir",
+        "error",
+    ]
+    return markdown_table(
+        view,
+        cols,
+        {
+            "best_val_acc_pct": "val acc %",
+            "best_val_acc5_pct": "val acc@5 %",
+            "train_images_per_s": "train img/s",
+            "train_mfu": "train MFU",
+            "infer_images_per_s": "infer img/s",
+            "peak_memory_mb": "peak MB",
+            "params_m": "params M",
+            "gmacs": "GMACs",
+            "run_dir": "run",
+        },
+    )
 
 
 def _absent_backends(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -250,8 +326,15 @@ def compare_runs(folder: Path | str, out: Optional[Path | str] = None, x: str = 
     (out / "runs.md").write_text(f"{table}\n\n{len(rows)} runs: {summary}. " + " ".join(notes) + "\n")
     title = f"{'/'.join(folder.resolve().parts[1:][-3:])}: accuracy vs throughput"
     png = plot_bubbles(rows, out / "accuracy_vs_throughput.png", X_AXES[x], title=title)
-    return {"rows": rows, "table": table, "csv": out / "runs.csv", "md": out / "runs.md", "png": png,
-            "summary": summary, "notes": notes}
+    return {
+        "rows": rows,
+        "table": table,
+        "csv": out / "runs.csv",
+        "md": out / "runs.md",
+        "png": png,
+        "summary": summary,
+        "notes": notes,
+    }
 
 
 def sweep_command(experiment: str = "zoo_digits", backends: Optional[Sequence[str]] = None) -> str:

@@ -67,7 +67,9 @@ def measure(experiment: str = "cifar10_vit", overrides: Sequence[str] = (), bloc
         raise ConfigError(f"--blocks and --steps must be >= 1 (got {blocks}, {steps})")
     if amp not in ("none", "bf16"):
         raise ConfigError(f"--amp must be none or bf16 (got {amp!r})")
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device)
+    dev = torch.device(
+        "cuda" if device == "auto" and torch.cuda.is_available() else "cpu" if device == "auto" else device
+    )
     cfg = compose_experiment(experiment, overrides)
     dm = build_datamodule(cfg.data)
     module = build_module(OmegaConf.to_container(cfg, resolve=True), dm).to(dev).train()

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitzoo.attention import MixerContext, build_attention, list_attention
-from vitzoo.attention import before_train_step
+from vitzoo.attention import MixerContext, before_train_step, build_attention, list_attention
 from vitzoo.bench.memory import PeakMemory, _malloc_live, is_oom
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
 from vitzoo.bench.timing import Timing, time_fns

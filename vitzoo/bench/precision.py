@@ -5,6 +5,7 @@ warm-up (which includes compilation), ``rounds`` blocks of ``steps`` timed train
 alternating order (fp32, bf16-mixed, compile, then reversed: :func:`vitzoo.bench.timing.time_fns`)
 so that a change in machine load hits every mode alike; a mode's figure is the median over its blocks. ``scripts/precision_table.py`` is the CLI.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -111,8 +112,14 @@ def measure_pair(model_name: str, attention: str, opts: PrecisionOptions) -> dic
             runners.pop(mode, None)
             row[mode] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
     if runners:  # alternating blocks (ABBA) of `steps` timed steps after `warmup` untimed ones
-        timings = time_fns({m: r.step for m, r in runners.items()}, torch.device(opts.device), warmup=opts.warmup,
-                           repeats=opts.rounds, max_time=0, iters=opts.steps)
+        timings = time_fns(
+            {m: r.step for m, r in runners.items()},
+            torch.device(opts.device),
+            warmup=opts.warmup,
+            repeats=opts.rounds,
+            max_time=0,
+            iters=opts.steps,
+        )
         row.update({mode: opts.batch / t.median for mode, t in timings.items()})
     return row
 
@@ -147,8 +154,10 @@ def _ratio(value: Any, fp32: Any) -> str:
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as a Markdown table: images/s per mode and the speed-ups over fp32."""
-    lines = ["| model | attention | fp32 img/s | bf16-mixed img/s | compile img/s | bf16 × | compile × |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | attention | fp32 img/s | bf16-mixed img/s | compile img/s | bf16 × | compile × |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         if r["status"] != "ok":
             lines.append(f"| {r['model']} | {r['attention']} | {r['status']} | | | | |")
@@ -170,8 +179,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> tuple[PrecisionOptions, 
 
     d = PrecisionOptions()
     split = lambda text: [t for t in text.split(",") if t.strip()]  # noqa: E731
-    p = argparse.ArgumentParser(description="Training images/s per backend: fp32 vs bf16-mixed vs torch.compile.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description="Training images/s per backend: fp32 vs bf16-mixed vs torch.compile.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--models", type=split, default=d.models, help="comma-separated model variants")
     p.add_argument("--attention", type=split, default=list_attention(), help="comma-separated backends")
     p.add_argument("--batch", type=int, default=d.batch, help="training batch size")

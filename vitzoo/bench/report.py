@@ -12,27 +12,113 @@ import matplotlib
 from matplotlib.figure import Figure  # the object API: no pyplot, no global backend, no open figures
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-MODEL_COLUMNS = ["backend", "model", "img_size", "batch", "tokens", "status", "train_img_s", "train_img_s_min",
-                 "train_img_s_max", "train_mfu", "train_gmacs_s", "infer_img_s", "infer_img_s_min", "infer_img_s_max", "infer_mfu", "infer_gmacs_s", "latency_ms", "latency_ms_min",
-                 "latency_ms_max", "train_peak_mb", "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic", "repeats",
-                 "iters", "threads", "device", "amp", "compile", "memory_method", "note"]
-LAYER_COLUMNS = ["backend", "tokens", "grid", "status", "ms", "ms_min", "ms_max", "peak_mb", "gmacs_analytic",
-                 "gmacs_analytic_global", "flops_ratio", "time_ratio", "time_ratio_min", "time_ratio_max", "efficiency",
-                 "ratio_method", "ms_global_paired",
-                 "gmacs_s", "mfu", "linear_cost", "formula", "params",
-                 "dim", "heads", "batch", "prefix", "repeats", "iters", "threads", "device", "amp", "compile",
-                 "memory_method"]
-SPEED_RATIOS = ("train_speed_ratio", "infer_speed_ratio", "latency_speed_ratio", "fwd_bwd_speed_ratio",
-                "fwd_speed_ratio")
-REF_COLUMNS = ["level", "backend", "case", "reference", "status", *SPEED_RATIOS, "train_ms_vitzoo",
-               "train_ms_reference", "infer_ms_vitzoo", "infer_ms_reference", "latency_ms_vitzoo",
-               "latency_ms_reference", "fwd_bwd_ms_vitzoo", "fwd_bwd_ms_reference", "fwd_ms_vitzoo", "fwd_ms_reference",
-               "params_vitzoo", "params_reference", "reference_kwargs", "repeats", "iters", "threads", "device"]
+MODEL_COLUMNS = [
+    "backend",
+    "model",
+    "img_size",
+    "batch",
+    "tokens",
+    "status",
+    "train_img_s",
+    "train_img_s_min",
+    "train_img_s_max",
+    "train_mfu",
+    "train_gmacs_s",
+    "infer_img_s",
+    "infer_img_s_min",
+    "infer_img_s_max",
+    "infer_mfu",
+    "infer_gmacs_s",
+    "latency_ms",
+    "latency_ms_min",
+    "latency_ms_max",
+    "train_peak_mb",
+    "infer_peak_mb",
+    "params_m",
+    "gmacs",
+    "gmacs_analytic",
+    "repeats",
+    "iters",
+    "threads",
+    "device",
+    "amp",
+    "compile",
+    "memory_method",
+    "note",
+]
+LAYER_COLUMNS = [
+    "backend",
+    "tokens",
+    "grid",
+    "status",
+    "ms",
+    "ms_min",
+    "ms_max",
+    "peak_mb",
+    "gmacs_analytic",
+    "gmacs_analytic_global",
+    "flops_ratio",
+    "time_ratio",
+    "time_ratio_min",
+    "time_ratio_max",
+    "efficiency",
+    "ratio_method",
+    "ms_global_paired",
+    "gmacs_s",
+    "mfu",
+    "linear_cost",
+    "formula",
+    "params",
+    "dim",
+    "heads",
+    "batch",
+    "prefix",
+    "repeats",
+    "iters",
+    "threads",
+    "device",
+    "amp",
+    "compile",
+    "memory_method",
+]
+SPEED_RATIOS = (
+    "train_speed_ratio",
+    "infer_speed_ratio",
+    "latency_speed_ratio",
+    "fwd_bwd_speed_ratio",
+    "fwd_speed_ratio",
+)
+REF_COLUMNS = [
+    "level",
+    "backend",
+    "case",
+    "reference",
+    "status",
+    *SPEED_RATIOS,
+    "train_ms_vitzoo",
+    "train_ms_reference",
+    "infer_ms_vitzoo",
+    "infer_ms_reference",
+    "latency_ms_vitzoo",
+    "latency_ms_reference",
+    "fwd_bwd_ms_vitzoo",
+    "fwd_bwd_ms_reference",
+    "fwd_ms_vitzoo",
+    "fwd_ms_reference",
+    "params_vitzoo",
+    "params_reference",
+    "reference_kwargs",
+    "repeats",
+    "iters",
+    "threads",
+    "device",
+]
 
 Rows = Sequence[Mapping[str, Any]]
 
 
 # --------------------------------------------------------------------------------------------- tables
+
 
 def fmt(v: Any) -> str:
     """A table cell: blank for missing/NaN, yes/no for booleans, about three significant digits for floats."""
@@ -89,40 +175,98 @@ def _range(r: Mapping[str, Any], key: str) -> str:
 
 
 def _model_md(rows: Rows) -> str:
-    view = [{**r, "train": _range(r, "train_img_s"), "infer": _range(r, "infer_img_s"),
-             "latency": _range(r, "latency_ms")} for r in rows]
-    cols = ["backend", "model", "img_size", "batch", "status", "train", "train_mfu", "infer", "infer_mfu", "latency",
-            "train_peak_mb", "infer_peak_mb", "params_m", "gmacs", "gmacs_analytic"]
-    return markdown_table(view, cols, {"img_size": "img", "train": "train img/s (min–max)",
-                                       "infer": "infer img/s (min–max)", "latency": "batch-1 ms (min–max)",
-                                       "train_peak_mb": "train peak MB", "train_mfu": "train MFU", "infer_mfu": "infer MFU", "infer_peak_mb": "infer peak MB",
-                                       "params_m": "params M", "gmacs": "GMACs (fvcore)",
-                                       "gmacs_analytic": "GMACs (analytic)"})
+    view = [
+        {**r, "train": _range(r, "train_img_s"), "infer": _range(r, "infer_img_s"), "latency": _range(r, "latency_ms")}
+        for r in rows
+    ]
+    cols = [
+        "backend",
+        "model",
+        "img_size",
+        "batch",
+        "status",
+        "train",
+        "train_mfu",
+        "infer",
+        "infer_mfu",
+        "latency",
+        "train_peak_mb",
+        "infer_peak_mb",
+        "params_m",
+        "gmacs",
+        "gmacs_analytic",
+    ]
+    return markdown_table(
+        view,
+        cols,
+        {
+            "img_size": "img",
+            "train": "train img/s (min–max)",
+            "infer": "infer img/s (min–max)",
+            "latency": "batch-1 ms (min–max)",
+            "train_peak_mb": "train peak MB",
+            "train_mfu": "train MFU",
+            "infer_mfu": "infer MFU",
+            "infer_peak_mb": "infer peak MB",
+            "params_m": "params M",
+            "gmacs": "GMACs (fvcore)",
+            "gmacs_analytic": "GMACs (analytic)",
+        },
+    )
 
 
 def _layer_md(rows: Rows) -> str:
     view = [{**r, "time": _range(r, "ms"), "time_ratio": _range(r, "time_ratio")} for r in rows]
-    cols = ["backend", "tokens", "status", "time", "peak_mb", "gmacs_analytic", "flops_ratio", "time_ratio",
-            "efficiency", "ratio_method", "mfu", "formula"]
-    return markdown_table(view, cols, {"time": "fwd+bwd ms (min–max)", "peak_mb": "peak MB",
-                                       "gmacs_analytic": "GMACs/img (analytic)",
-                                       "flops_ratio": "FLOPs ratio global/backend",
-                                       "time_ratio": "time ratio global/backend (paired min–max)",
-                                       "efficiency": "time ratio / FLOPs ratio",
-                                       "ratio_method": "time ratio from", "mfu": "MFU"})
+    cols = [
+        "backend",
+        "tokens",
+        "status",
+        "time",
+        "peak_mb",
+        "gmacs_analytic",
+        "flops_ratio",
+        "time_ratio",
+        "efficiency",
+        "ratio_method",
+        "mfu",
+        "formula",
+    ]
+    return markdown_table(
+        view,
+        cols,
+        {
+            "time": "fwd+bwd ms (min–max)",
+            "peak_mb": "peak MB",
+            "gmacs_analytic": "GMACs/img (analytic)",
+            "flops_ratio": "FLOPs ratio global/backend",
+            "time_ratio": "time ratio global/backend (paired min–max)",
+            "efficiency": "time ratio / FLOPs ratio",
+            "ratio_method": "time ratio from",
+            "mfu": "MFU",
+        },
+    )
 
 
 def _ref_md(rows: Rows) -> str:
     rows = [{**r, **{k: _range(r, k) for k in SPEED_RATIOS}} for r in rows]
     cols = ["level", "backend", "case", "reference", "status", *SPEED_RATIOS, "params_vitzoo", "params_reference"]
-    return markdown_table(rows, cols, {"train_speed_ratio": "train × (paired min–max)",
-                                       "infer_speed_ratio": "infer ×",
-                                       "latency_speed_ratio": "batch-1 ×", "fwd_bwd_speed_ratio": "fwd+bwd ×",
-                                       "fwd_speed_ratio": "fwd only ×", "params_vitzoo": "params vitzoo",
-                                       "params_reference": "params reference"})
+    return markdown_table(
+        rows,
+        cols,
+        {
+            "train_speed_ratio": "train × (paired min–max)",
+            "infer_speed_ratio": "infer ×",
+            "latency_speed_ratio": "batch-1 ×",
+            "fwd_bwd_speed_ratio": "fwd+bwd ×",
+            "fwd_speed_ratio": "fwd only ×",
+            "params_vitzoo": "params vitzoo",
+            "params_reference": "params reference",
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------- chart
+
 
 def _scaling_axes(axes: Sequence[Any], ticks: Sequence[int]) -> None:
     for ax, ylabel in zip(axes, ("forward+backward time (ms)", "peak memory over baseline (MB)")):
@@ -153,8 +297,11 @@ def plot_scaling(layers: Rows, path: Path, title: str = "") -> Optional[Path]:
     cmap, markers = matplotlib.colormaps["tab20"], "os^vD<>ph*Xd"
     for i, b in enumerate(backends):
         pts = sorted((r["tokens"], r["ms"], r.get("peak_mb")) for r in ok if r["backend"] == b)
-        style = dict(color="black", lw=2.5, marker="o") if b == "global" else dict(
-            color=cmap(i % 20), lw=1.3, marker=markers[i % len(markers)], ls="-" if i < 10 else "--")
+        style = (
+            dict(color="black", lw=2.5, marker="o")
+            if b == "global"
+            else dict(color=cmap(i % 20), lw=1.3, marker=markers[i % len(markers)], ls="-" if i < 10 else "--")
+        )
         ax_t.plot([p[0] for p in pts], [p[1] for p in pts], ms=4, label=b, **style)
         mem = [(p[0], p[2]) for p in pts if p[2]]
         if mem:
@@ -173,17 +320,23 @@ def plot_scaling(layers: Rows, path: Path, title: str = "") -> Optional[Path]:
 
 # --------------------------------------------------------------------------------------------- files
 
+
 def _report_head(env: Mapping[str, Any]) -> str:
-    return (f"# vitzoo benchmark {env['date']}\n\n"
-            f"device **{env['device']}** ({env.get('gpu') or env['cpu_model']}), torch {env['torch']}, "
-            f"{env['torch_threads']} threads, load average {env['load_average']} → {env.get('load_average_end')}, "
-            f"amp {env['options']['amp']}, compile {env['options']['compile']}, dense matmul peak "
-            f"{env.get('matmul_peak_gmacs_s')} GMACs/s (MFU = analytic MACs × 3 for fwd+bwd ÷ time ÷ peak). Numbers are medians over "
-            f"repeats (min–max in brackets), warm-up excluded. Peak memory: {env['memory_method']}.\n")
+    return (
+        f"# vitzoo benchmark {env['date']}\n\n"
+        f"device **{env['device']}** ({env.get('gpu') or env['cpu_model']}), torch {env['torch']}, "
+        f"{env['torch_threads']} threads, load average {env['load_average']} → {env.get('load_average_end')}, "
+        f"amp {env['options']['amp']}, compile {env['options']['compile']}, dense matmul peak "
+        f"{env.get('matmul_peak_gmacs_s')} GMACs/s (MFU = analytic MACs × 3 for fwd+bwd ÷ time ÷ peak). Numbers are medians over "
+        f"repeats (min–max in brackets), warm-up excluded. Peak memory: {env['memory_method']}.\n"
+    )
 
 
-TABLES = (("models", MODEL_COLUMNS, _model_md), ("layers", LAYER_COLUMNS, _layer_md),
-          ("references", REF_COLUMNS, _ref_md))
+TABLES = (
+    ("models", MODEL_COLUMNS, _model_md),
+    ("layers", LAYER_COLUMNS, _layer_md),
+    ("references", REF_COLUMNS, _ref_md),
+)
 
 
 def write_outputs(result: Mapping[str, Any], out: Path) -> None:
@@ -196,8 +349,9 @@ def write_outputs(result: Mapping[str, Any], out: Path) -> None:
     """
     env = result["environment"]
     (out / "environment.json").write_text(json.dumps(env, indent=2, default=str))
-    (out / "results.json").write_text(json.dumps({k: v for k, v in result.items() if k != "out"}, indent=2,
-                                                 default=str))
+    (out / "results.json").write_text(
+        json.dumps({k: v for k, v in result.items() if k != "out"}, indent=2, default=str)
+    )
     sections = [_report_head(env)]
     for name, columns, md in TABLES:
         rows = result[name]

@@ -151,8 +151,10 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
     # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine) and cached for training runs
     peak = matmul_peak(device, precision_dtype(opts.amp), refresh=True)
     env["matmul_peak_gmacs_s"] = peak / 1e9
-    log(f"vitzoo benchmark -> {out}\n  device {device} ({env.get('gpu', env['cpu_model'])}), threads "
-        f"{env['torch_threads']}, load {env['load_average']}, backends: {', '.join(backends)}")
+    log(
+        f"vitzoo benchmark -> {out}\n  device {device} ({env.get('gpu', env['cpu_model'])}), threads "
+        f"{env['torch_threads']}, load {env['load_average']}, backends: {', '.join(backends)}"
+    )
     t_start = time.time()
     run = _runner(opts, _common(opts, device, mem_limit), out / "rows.jsonl")
     models: list[Row] = []
@@ -174,8 +176,10 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
 def _brief_model(row: Mapping[str, Any]) -> str:
     if row.get("status") != "ok":
         return row.get("status", "?")
-    return (f"train {row['train_img_s']:.1f} img/s, infer {row['infer_img_s']:.1f} img/s, "
-            f"b1 {row['latency_ms']:.2f} ms, peak {row['train_peak_mb']:.0f} MB")
+    return (
+        f"train {row['train_img_s']:.1f} img/s, infer {row['infer_img_s']:.1f} img/s, "
+        f"b1 {row['latency_ms']:.2f} ms, peak {row['train_peak_mb']:.0f} MB"
+    )
 
 
 def _brief_layer(row: Mapping[str, Any]) -> str:
@@ -187,7 +191,7 @@ def _brief_layer(row: Mapping[str, Any]) -> str:
 def _brief_ref(row: Mapping[str, Any]) -> str:
     if not str(row.get("status", "")).startswith("ok"):
         return row.get("status", "?")
-    parts = [f"{k[:-len('_speed_ratio')].replace('_', '+')} x{row[k]:.2f}" for k in SPEED_RATIOS if k in row]
+    parts = [f"{k[: -len('_speed_ratio')].replace('_', '+')} x{row[k]:.2f}" for k in SPEED_RATIOS if k in row]
     return "vitzoo/reference speed " + ", ".join(parts)
 
 

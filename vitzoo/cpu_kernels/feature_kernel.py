@@ -14,6 +14,7 @@ saves, so the two backwards are interchangeable.
 Built on first use and optional (:mod:`vitzoo.cpu_kernels.loader`): float32/float64 CPU tensors; elsewhere (and for
 ``"elu"``, whose features are as cheap as the copies) the PyTorch path runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,10 @@ STEM = "feature_attention"  # csrc/feature_attention.cpp
 def usable(kind: str, qkv: Tensor, omega: Optional[Tensor], scale: Optional[Tensor]) -> bool:
     """Whether the kernel runs this call: ``"exp"`` with one ``ω`` ``[m, d]`` or ``"fourier"`` with ``ω`` ``[h, D, d]``
     and its scale, on tensors :func:`vitzoo.cpu_kernels.loader.usable` accepts."""
-    shaped = {"exp": omega is not None and omega.dim() == 2,
-              "fourier": omega is not None and omega.dim() == 3 and scale is not None}.get(kind, False)
+    shaped = {
+        "exp": omega is not None and omega.dim() == 2,
+        "fourier": omega is not None and omega.dim() == 3 and scale is not None,
+    }.get(kind, False)
     return shaped and loader.usable(STEM, qkv, omega, scale)
 
 
@@ -44,8 +47,9 @@ def _args(kind: str, qkv: Tensor, omega: Tensor, scale: Optional[Tensor]) -> tup
     return qkv.contiguous(), omega.to(qkv.dtype).contiguous(), scale
 
 
-def forward(kind: str, qkv: Tensor, heads: int, omega: Tensor, scale: Optional[Tensor], eps: Optional[float],
-            factor: float) -> tuple[Optional[Tensor], ...]:
+def forward(
+    kind: str, qkv: Tensor, heads: int, omega: Tensor, scale: Optional[Tensor], eps: Optional[float], factor: float
+) -> tuple[Optional[Tensor], ...]:
     """``out`` ``[B, N, C]``, ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]``, the ``"exp"`` shifts of queries and
     keys (``[B, h, N, 1]``; None for ``"fourier"``) and the normalisers ``[B, h, N, 1]``, as
     :func:`vitzoo.attention.linear.feature_core.feature_core_forward` returns them.
@@ -59,14 +63,24 @@ def forward(kind: str, qkv: Tensor, heads: int, omega: Tensor, scale: Optional[T
         eps: floor of the normaliser (None: none).
         factor: constant of ``φ(q)ᵀφ(k)``, applied to ``kvz``.
     """
-    out = loader.extension(STEM).feature_forward(*_args(kind, qkv, omega, scale), heads, _eps(eps), factor,
-                                               kind == "fourier")
+    out = loader.extension(STEM).feature_forward(
+        *_args(kind, qkv, omega, scale), heads, _eps(eps), factor, kind == "fourier"
+    )
     return tuple(t if t.numel() else None for t in out)
 
 
-def backward(kind: str, qkv: Tensor, heads: int, omega: Tensor, scale: Optional[Tensor], eps: Optional[float],
-             factor: float, saved: tuple[Optional[Tensor], ...], grad: Tensor,
-             dots: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+def backward(
+    kind: str,
+    qkv: Tensor,
+    heads: int,
+    omega: Tensor,
+    scale: Optional[Tensor],
+    eps: Optional[float],
+    factor: float,
+    saved: tuple[Optional[Tensor], ...],
+    grad: Tensor,
+    dots: Optional[Tensor],
+) -> tuple[Tensor, Optional[Tensor]]:
     """``∂L/∂qkv`` ``[B, N, 3C]`` and ``∂L/∂s`` ``[h, 1, d]`` (None for ``"exp"``); the features are recomputed.
 
     Args:
@@ -80,8 +94,15 @@ def backward(kind: str, qkv: Tensor, heads: int, omega: Tensor, scale: Optional[
     saved = [empty if t is None else t.contiguous() for t in saved]
     dots = empty if dots is None else dots.to(qkv.dtype).contiguous()
     grad_qkv, grad_scale = loader.extension(STEM).feature_backward(
-        *_args(kind, qkv, omega, scale), heads, _eps(eps), factor, kind == "fourier", *saved,
-        grad.to(qkv.dtype).contiguous(), dots)
+        *_args(kind, qkv, omega, scale),
+        heads,
+        _eps(eps),
+        factor,
+        kind == "fourier",
+        *saved,
+        grad.to(qkv.dtype).contiguous(),
+        dots,
+    )
     if scale is None:
         return grad_qkv, None
     return grad_qkv, grad_scale.sum(dim=0).unsqueeze(1).to(scale.dtype)  # Σ over images [h, d] -> [h, 1, d]

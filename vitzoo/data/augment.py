@@ -61,7 +61,9 @@ class BatchAugment(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype != torch.uint8:
-            raise ConfigError(f"device augmentation expects uint8 images (got {x.dtype}); set data.device_augment=false")
+            raise ConfigError(
+                f"device augmentation expects uint8 images (got {x.dtype}); set data.device_augment=false"
+            )
         if self.training and self.augment:
             if self.policy is not None:
                 x = torch.cat([self.policy(group) for group in x.split(POLICY_GROUP)])

@@ -75,7 +75,9 @@ def decode_all(dataset: Any, img_size: int, title: str, num_workers: int = 0) ->
     return images, labels
 
 
-def cached_images(dataset: Any, root: Path, img_size: int, cache_dir: Path, num_workers: int = 0) -> tuple[Tensor, Tensor]:
+def cached_images(
+    dataset: Any, root: Path, img_size: int, cache_dir: Path, num_workers: int = 0
+) -> tuple[Tensor, Tensor]:
     """The decoded images of an ``ImageFolder`` from ``cache_dir`` (built, with a progress bar, when missing).
 
     Args:
@@ -97,6 +99,8 @@ def cached_images(dataset: Any, root: Path, img_size: int, cache_dir: Path, num_
         torch.save({"images": images, "labels": labels}, tmp)
         os.replace(tmp, path)  # a killed build leaves no half-written cache
     except OSError as e:
-        raise ConfigError(f"data.cache_dir: cannot write {path} ({e.strerror or type(e).__name__}); "
-                          f"set data.cache_dir to a writable folder or data.cache=false") from None
+        raise ConfigError(
+            f"data.cache_dir: cannot write {path} ({e.strerror or type(e).__name__}); "
+            f"set data.cache_dir to a writable folder or data.cache=false"
+        ) from None
     return images, labels

@@ -67,7 +67,12 @@ class ImageDataModule(pl.LightningDataModule):
                  root: Optional[str] = None, download: bool = False, pin_memory: bool = False, cache: bool = False,
                  cache_dir: Optional[str] = None, device_augment: bool = False, policy: Optional[str] = None):
         super().__init__()
-        self.name, self.img_size, self.batch_size, self.num_workers = name, int(img_size), int(batch_size), int(num_workers)
+        self.name, self.img_size, self.batch_size, self.num_workers = (
+            name,
+            int(img_size),
+            int(batch_size),
+            int(num_workers),
+        )
         self.mean, self.std = tuple(mean), tuple(std)
         self.expected_classes, self.seed, self.val_fraction = num_classes, seed, val_fraction
         self.augment, self.flip, self.auto_augment, self.crop_pct = augment, flip, auto_augment, crop_pct
@@ -75,11 +80,16 @@ class ImageDataModule(pl.LightningDataModule):
         self.download, self.pin_memory = download, pin_memory
         small = self.img_size <= SMALL_IMAGE
         if (cache or device_augment or policy) and not small:
-            print(f"data.cache/device_augment/policy apply at <= {SMALL_IMAGE} px; {self.img_size} px images keep "
-                  f"timm's per-image path (data.auto_augment)", flush=True)
+            print(
+                f"data.cache/device_augment/policy apply at <= {SMALL_IMAGE} px; {self.img_size} px images keep "
+                f"timm's per-image path (data.auto_augment)",
+                flush=True,
+            )
         elif policy is not None and not device_augment:
-            raise ConfigError(f"data.policy={policy} needs data.device_augment=true (the per-image path takes "
-                              f"data.auto_augment above {SMALL_IMAGE} px)")
+            raise ConfigError(
+                f"data.policy={policy} needs data.device_augment=true (the per-image path takes "
+                f"data.auto_augment above {SMALL_IMAGE} px)"
+            )
         self.cache, self.device_augment = bool(cache) and small, bool(device_augment) and small
         if self.device_augment and not self.cache:
             raise ConfigError("data.device_augment=true needs data.cache=true (uint8 images in memory)")
@@ -101,16 +111,26 @@ class ImageDataModule(pl.LightningDataModule):
 
     # -- shared ------------------------------------------------------------------------------------
     def transform(self, train: bool) -> Callable:
-        return build_transform(self.img_size, self.mean, self.std, train and self.augment, flip=self.flip,
-                               auto_augment=self.auto_augment, crop_pct=self.crop_pct, use_timm=self.use_timm)
+        return build_transform(
+            self.img_size,
+            self.mean,
+            self.std,
+            train and self.augment,
+            flip=self.flip,
+            auto_augment=self.auto_augment,
+            crop_pct=self.crop_pct,
+            use_timm=self.use_timm,
+        )
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:
             return  # idempotent: train() sets up before fit to fail early, Lightning calls it again
         train, val, self.classes = self.load()
         if self.expected_classes is not None and int(self.expected_classes) != len(self.classes):
-            raise ConfigError(f"data.num_classes={self.expected_classes} but {self.name} has {len(self.classes)} classes; "
-                              f"set data.num_classes={len(self.classes)}")
+            raise ConfigError(
+                f"data.num_classes={self.expected_classes} but {self.name} has {len(self.classes)} classes; "
+                f"set data.num_classes={len(self.classes)}"
+            )
         if self.device_augment:  # uint8 tensors; augmented and normalised in on_after_batch_transfer
             self.train_set, self.val_set = train, val
             return
@@ -142,11 +162,16 @@ class ImageDataModule(pl.LightningDataModule):
     def loader(self, dataset: Optional[Dataset], train: bool) -> DataLoader:
         assert dataset is not None, "call setup() first"
         seed = int(os.environ.get("PL_GLOBAL_SEED", self.seed))  # the run's seed (pl.seed_everything sets it)
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=EpochShuffle(dataset, seed) if train else None,
-                          drop_last=train and len(dataset) > self.batch_size,
-                          num_workers=0 if self.device_augment else self.num_workers,
-                          persistent_workers=self.num_workers > 0 and not self.device_augment,
-                          pin_memory=self.pin_memory, collate_fn=keep_batch if self.device_augment else None)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=EpochShuffle(dataset, seed) if train else None,
+            drop_last=train and len(dataset) > self.batch_size,
+            num_workers=0 if self.device_augment else self.num_workers,
+            persistent_workers=self.num_workers > 0 and not self.device_augment,
+            pin_memory=self.pin_memory,
+            collate_fn=keep_batch if self.device_augment else None,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self.loader(self.train_set, train=True)
@@ -156,8 +181,13 @@ class ImageDataModule(pl.LightningDataModule):
 
     def describe(self) -> dict[str, Any]:
         """Plain-data preprocessing facts stored with exported models."""
-        return {"name": self.name, "img_size": self.img_size, "mean": list(self.mean), "std": list(self.std),
-                "classes": list(self.classes)}
+        return {
+            "name": self.name,
+            "img_size": self.img_size,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "classes": list(self.classes),
+        }
 
     def require_root(self) -> Path:
         if self.root is None:
@@ -176,8 +206,9 @@ class DigitsDataModule(ImageDataModule):
 
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # [N, 1, 8, 8] in [0, 1]
-        images = torch.nn.functional.interpolate(images, size=(self.img_size, self.img_size), mode="bilinear",
-                                                 align_corners=False).clamp(0, 1)  # [N, 1, S, S]
+        images = torch.nn.functional.interpolate(
+            images, size=(self.img_size, self.img_size), mode="bilinear", align_corners=False
+        ).clamp(0, 1)  # [N, 1, S, S]
         images = images.expand(-1, 3, -1, -1).contiguous()  # [N, 3, S, S]
         labels = torch.tensor(digits.target)
         train_idx, val_idx = stratified_split(labels.tolist(), self.val_fraction, self.seed)
@@ -207,8 +238,10 @@ class CIFARDataModule(ImageDataModule):
         if (root / self.FOLDERS[self.name]).is_dir():
             return
         if not self.download:
-            raise ConfigError(f"{self.name} not found under data.root={root} (no {self.FOLDERS[self.name]}/); "
-                              f"set data.download=true to fetch it or data.root to the folder that holds it")
+            raise ConfigError(
+                f"{self.name} not found under data.root={root} (no {self.FOLDERS[self.name]}/); "
+                f"set data.download=true to fetch it or data.root to the folder that holds it"
+            )
         created = [p for p in (root, *root.parents) if not p.exists()]  # deepest first
         try:
             cls(str(root), train=True, download=True)
@@ -216,9 +249,11 @@ class CIFARDataModule(ImageDataModule):
             for folder in created:  # leave no empty folders behind
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
-            raise ConfigError(f"could not download {self.name} into data.root={root} ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else 'no network?'}); offline, put "
-                              f"{self.FOLDERS[self.name]}/ under data.root or use data=imagefolder") from None
+            raise ConfigError(
+                f"could not download {self.name} into data.root={root} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else 'no network?'}); offline, put "
+                f"{self.FOLDERS[self.name]}/ under data.root or use data=imagefolder"
+            ) from None
 
     def load(self) -> tuple[Dataset, Dataset, list[str]]:
         self.prepare_data()
@@ -226,8 +261,9 @@ class CIFARDataModule(ImageDataModule):
         try:
             train, val = cls(root, train=True), cls(root, train=False)
         except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
-            raise ConfigError(f"{self.name} under data.root={root} is unreadable ({e}); "
-                              f"delete it and set data.download=true") from None
+            raise ConfigError(
+                f"{self.name} under data.root={root} is unreadable ({e}); delete it and set data.download=true"
+            ) from None
         if self.cache:
             return self.as_tensors(train), self.as_tensors(val), list(train.classes)
         return train, val, list(train.classes)
@@ -252,15 +288,19 @@ class ImageFolderDataModule(ImageDataModule):
         train_dir, val_dir = root / "train", root / "val"
         if not train_dir.is_dir():
             hint = "" if root.is_dir() else " (the folder does not exist)"
-            raise ConfigError(f"data.root={root} has no train/ folder{hint}; point data.root at a folder with "
-                              f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)")
+            raise ConfigError(
+                f"data.root={root} has no train/ folder{hint}; point data.root at a folder with "
+                f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)"
+            )
         train = image_folder(train_dir)
         if val_dir.is_dir():
             val = image_folder(val_dir)
             if val.classes != train.classes:
                 only = sorted(set(train.classes) ^ set(val.classes)) or ["(same names, other order)"]
-                raise ConfigError(f"data.root={root}: val/ classes differ from train/ classes (in one only: "
-                                  f"{', '.join(only[:5])}); give val/ the same class folders")
+                raise ConfigError(
+                    f"data.root={root}: val/ classes differ from train/ classes (in one only: "
+                    f"{', '.join(only[:5])}); give val/ the same class folders"
+                )
             return self.decoded(train, root), self.decoded(val, root), list(train.classes)
         train_idx, val_idx = stratified_split(train.targets, self.val_fraction, self.seed)
         data = self.decoded(train, root)

@@ -89,10 +89,14 @@ def image_folder(folder: Path) -> Any:
     try:
         return ImageFolder(str(folder), loader=read_rgb)
     except FileNotFoundError as e:  # no class folders, or class folders without images
-        raise ConfigError(f"data.root: {folder} holds no images in <class>/ folders ({str(e).split('.')[0]}); "
-                          f"point data.root at a folder with train/<class>/*.jpg") from None
+        raise ConfigError(
+            f"data.root: {folder} holds no images in <class>/ folders ({str(e).split('.')[0]}); "
+            f"point data.root at a folder with train/<class>/*.jpg"
+        ) from None
     except OSError as e:
-        raise ConfigError(f"data.root: cannot read {folder} ({e.strerror or type(e).__name__}); check its permissions") from None
+        raise ConfigError(
+            f"data.root: cannot read {folder} ({e.strerror or type(e).__name__}); check its permissions"
+        ) from None
 
 
 def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -103,6 +107,8 @@ def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> 
     try:
         train_idx, val_idx = train_test_split(idx, test_size=val_fraction, random_state=seed, stratify=list(targets))
     except ValueError as e:  # too few images for a class-balanced split
-        raise ConfigError(f"cannot hold out data.val_fraction={val_fraction} of {len(idx)} images class-balanced "
-                          f"({str(e).splitlines()[0]}); raise data.val_fraction or add a val/ folder") from None
+        raise ConfigError(
+            f"cannot hold out data.val_fraction={val_fraction} of {len(idx)} images class-balanced "
+            f"({str(e).splitlines()[0]}); raise data.val_fraction or add a val/ folder"
+        ) from None
     return sorted(train_idx), sorted(val_idx)

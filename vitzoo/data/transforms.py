@@ -32,8 +32,16 @@ def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], 
     if use_timm if use_timm is not None else img_size > SMALL_IMAGE:
         from timm.data import create_transform
 
-        return create_transform(img_size, is_training=train, mean=tuple(mean), std=tuple(std), hflip=0.5 if flip else 0.0,
-                                auto_augment=auto_augment, crop_pct=crop_pct, interpolation="bicubic")
+        return create_transform(
+            img_size,
+            is_training=train,
+            mean=tuple(mean),
+            std=tuple(std),
+            hflip=0.5 if flip else 0.0,
+            auto_augment=auto_augment,
+            crop_pct=crop_pct,
+            interpolation="bicubic",
+        )
     steps: list[Any] = [v2.ToImage(), v2.Resize((img_size, img_size), antialias=True)]
     if train:
         steps.append(v2.RandomCrop(img_size, padding=img_size // 8))

@@ -78,8 +78,12 @@ def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
     weights, config_file = _paths(path)
     config = read_json(config_file, "export config")  # plain data only
     if config.get("format") != FORMAT:
-        raise ConfigError(f"{config_file} is not a vitzoo export (format {config.get('format')!r}, expected {FORMAT!r})")
-    model = create_model(str(config.get("model")), attention=config.get("attention"), **export_options(config, config_file))
+        raise ConfigError(
+            f"{config_file} is not a vitzoo export (format {config.get('format')!r}, expected {FORMAT!r})"
+        )
+    model = create_model(
+        str(config.get("model")), attention=config.get("attention"), **export_options(config, config_file)
+    )
     load_weights(lambda: _load_safetensors(model, str(weights), strict=True, device=str(map_location)), weights)
     model.to(map_location).eval()
     model.export_config = config

@@ -91,11 +91,13 @@ def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
 
     d = predictor.data
     if not {"img_size", "mean", "std"} <= set(d):
-        raise ConfigError("the model has no saved preprocessing (data.img_size/mean/std); export it from a training run")
+        raise ConfigError(
+            "the model has no saved preprocessing (data.img_size/mean/std); export it from a training run"
+        )
     transform = build_transform(int(d["img_size"]), d["mean"], d["std"], train=False)
     classes = list(d.get("classes") or [])
     for start in range(0, len(files), batch_size):
-        chunk = files[start:start + batch_size]
+        chunk = files[start : start + batch_size]
         x = torch.stack([transform(Image.open(f).convert("RGB")) for f in chunk])  # [B, 3, S, S]
         with torch.no_grad():
             probs = torch.as_tensor(predictor.run(x)).float().softmax(dim=-1)  # [B, K]

@@ -40,5 +40,17 @@ def create_model(name: str, attention: Any = None, pretrained: Optional[str] = N
     return build_model(name, attention, **overrides)
 
 
-__all__ = ["MODELS", "SwinConfig", "SwinTransformer", "ViTConfig", "VisionTransformer", "attention_spec", "create_model",
-           "list_models", "model_config", "model_kwargs", "natural_attention", "register_model"]
+__all__ = [
+    "MODELS",
+    "SwinConfig",
+    "SwinTransformer",
+    "ViTConfig",
+    "VisionTransformer",
+    "attention_spec",
+    "create_model",
+    "list_models",
+    "model_config",
+    "model_kwargs",
+    "natural_attention",
+    "register_model",
+]

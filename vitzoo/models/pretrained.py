@@ -58,8 +58,12 @@ class LoadReport:
         """One line per category: count and the names with block indices folded to ``*``."""
         rows = [("loaded", self.loaded), ("new (initialised as from scratch)", self.new),
                 ("ignored (not in this model)", self.ignored), ("resampled", self.resampled)]
-        return [f"pretrained {self.source}: {label}: {len(names)}" + (f": {fold(names)}" if names and label != "loaded" else "")
-                for label, names in rows if names or label != "resampled"]
+        return [
+            f"pretrained {self.source}: {label}: {len(names)}"
+            + (f": {fold(names)}" if names and label != "loaded" else "")
+            for label, names in rows
+            if names or label != "resampled"
+        ]
 
     def print(self) -> None:
         for line in self.lines():
@@ -72,6 +76,7 @@ def fold(names: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ reading
+
 
 def read_file(path: Path) -> dict[str, Tensor]:
     """A timm-format state dict from ``.safetensors`` / ``.pth`` / ``.bin`` (``model``/``state_dict`` unwrapped)."""
@@ -110,8 +115,10 @@ def read_timm(name: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
     try:
         net = timm.create_model(name, pretrained=True)
     except Exception as e:  # offline and not cached, missing hub package, HTTP errors
-        raise ConfigError(f"model.pretrained=timm:{name}: not downloadable and not in the cache ({cache_folders()}); "
-                          f"give a local file instead ({type(e).__name__})") from None
+        raise ConfigError(
+            f"model.pretrained=timm:{name}: not downloadable and not in the cache ({cache_folders()}); "
+            f"give a local file instead ({type(e).__name__})"
+        ) from None
     eps = next(m.eps for m in net.modules() if isinstance(m, nn.LayerNorm))
     facts: dict[str, Any] = {"norm_eps": eps}
     if hasattr(net, "cls_token"):  # a ViT
@@ -153,6 +160,7 @@ def to_vitzoo_names(state: dict[str, Tensor], family: str) -> dict[str, Tensor]:
 
 # ------------------------------------------------------------------------------------------ loading
 
+
 def resample(model: nn.Module, key: str, value: Tensor, shape: torch.Size) -> Tensor:
     """``value`` resampled to the model's geometry (timm's helpers), or unchanged if it cannot be."""
     if key == "pos_embed" and value.ndim == 3 and value.shape[-1] == shape[-1]:
@@ -182,8 +190,10 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str = "s
     depth = "model.depths" if isinstance(model.cfg, SwinConfig) else "model.depth"
     src_blocks, dst_blocks = block_ids(state), block_ids(target)
     if src_blocks != dst_blocks:
-        raise ConfigError(f"model.pretrained={source} has {len(src_blocks)} blocks, the model {len(dst_blocks)}; "
-                          f"set {depth} as in the source")
+        raise ConfigError(
+            f"model.pretrained={source} has {len(src_blocks)} blocks, the model {len(dst_blocks)}; "
+            f"set {depth} as in the source"
+        )
     report, chosen = LoadReport(source), {}
     for key, value in state.items():
         if key not in target:
@@ -198,8 +208,10 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str = "s
                 report.ignored.append(key)
                 continue
             else:
-                raise ConfigError(f"model.pretrained={source}: {key} is {tuple(before)} in the source but {tuple(shape)} "
-                                  f"in the model; set model.embed_dim/num_heads/mlp_ratio/qkv_bias as in the source")
+                raise ConfigError(
+                    f"model.pretrained={source}: {key} is {tuple(before)} in the source but {tuple(shape)} "
+                    f"in the model; set model.embed_dim/num_heads/mlp_ratio/qkv_bias as in the source"
+                )
         chosen[key] = value
     model.load_state_dict(chosen, strict=False)
     report.loaded = list(chosen)
@@ -210,7 +222,7 @@ def load_pretrained(model: nn.Module, state: dict[str, Tensor], source: str = "s
 def read_source(source: str, family_of_model: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """The source's tensors in vitzoo's names and the architecture options it dictates."""
     if source.startswith(TIMM_PREFIX):
-        state, facts = read_timm(source[len(TIMM_PREFIX):])
+        state, facts = read_timm(source[len(TIMM_PREFIX) :])
     else:
         state = read_file(Path(source).expanduser())
         facts = None

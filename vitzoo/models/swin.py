@@ -49,11 +49,15 @@ class SwinConfig:
         self.depths, self.num_heads = list(self.depths), list(self.num_heads)
         check(self.img_size % self.patch_size == 0,
               f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
-        check(len(self.depths) == len(self.num_heads),
-              f"model.depths ({len(self.depths)} stages) and model.num_heads ({len(self.num_heads)}) must have the same length")
+        check(
+            len(self.depths) == len(self.num_heads),
+            f"model.depths ({len(self.depths)} stages) and model.num_heads ({len(self.num_heads)}) must have the same length",
+        )
         for i, h in enumerate(self.num_heads):
-            check((self.embed_dim * 2 ** i) % h == 0,
-                  f"model.num_heads[{i}]={h} must divide stage {i} channels {self.embed_dim * 2 ** i} (model.embed_dim·2^{i})")
+            check(
+                (self.embed_dim * 2**i) % h == 0,
+                f"model.num_heads[{i}]={h} must divide stage {i} channels {self.embed_dim * 2**i} (model.embed_dim·2^{i})",
+            )
 
 
 class PatchMerging(nn.Module):
@@ -95,16 +99,44 @@ class PatchMerging(nn.Module):
 class SwinStage(nn.Module):
     """Blocks at one resolution (odd blocks built ``shifted``: SW-MSA with window attention), then optional patch merging."""
 
-    def __init__(self, attention: Any, dim: int, depth: int, num_heads: int, grid: tuple[int, int],
-                 cfg: SwinConfig, drop_path: list[float], first_layer: int, downsample: bool):
+    def __init__(
+        self,
+        attention: Any,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        grid: tuple[int, int],
+        cfg: SwinConfig,
+        drop_path: list[float],
+        first_layer: int,
+        downsample: bool,
+    ):
         super().__init__()
         self.grid = grid
-        self.blocks = nn.ModuleList([
-            Block(attention, MixerContext(dim, num_heads, grid, 0, cfg.qkv_bias, cfg.attn_drop_rate,
-                                          cfg.drop_rate, first_layer + i, cfg.window_size, shifted=i % 2 == 1),
-                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=drop_path[i], norm_eps=cfg.norm_eps)
-            for i in range(depth)
-        ])
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    attention,
+                    MixerContext(
+                        dim,
+                        num_heads,
+                        grid,
+                        0,
+                        cfg.qkv_bias,
+                        cfg.attn_drop_rate,
+                        cfg.drop_rate,
+                        first_layer + i,
+                        cfg.window_size,
+                        shifted=i % 2 == 1,
+                    ),
+                    cfg.mlp_ratio,
+                    drop=cfg.drop_rate,
+                    drop_path=drop_path[i],
+                    norm_eps=cfg.norm_eps,
+                )
+                for i in range(depth)
+            ]
+        )
         self.downsample = PatchMerging(dim, cfg.norm_eps) if downsample else None
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> tuple[Tensor, tuple[int, int]]:
@@ -151,15 +183,32 @@ class SwinTransformer(nn.Module):
         self.cfg = cfg
         self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
         self.num_prefix = 0
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim,
-                                      norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), strict_img_size=False)
+        self.patch_embed = PatchEmbed(
+            cfg.img_size,
+            cfg.patch_size,
+            cfg.in_chans,
+            cfg.embed_dim,
+            norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps),
+            strict_img_size=False,
+        )
         dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths)).tolist()
         grid, stages = tuple(self.patch_embed.grid_size), []
         for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.num_heads)):
             first = sum(cfg.depths[:i])
             last = i == len(cfg.depths) - 1
-            stages.append(SwinStage(self.attention_cfg, cfg.embed_dim * 2 ** i, depth, heads, grid, cfg,
-                                    dpr[first:first + depth], first, downsample=not last))
+            stages.append(
+                SwinStage(
+                    self.attention_cfg,
+                    cfg.embed_dim * 2**i,
+                    depth,
+                    heads,
+                    grid,
+                    cfg,
+                    dpr[first : first + depth],
+                    first,
+                    downsample=not last,
+                )
+            )
             grid = grid if last else PatchMerging.out_grid(grid)
         self.stages = nn.ModuleList(stages)
         self.num_features = cfg.embed_dim * 2 ** (len(cfg.depths) - 1)
@@ -204,7 +253,7 @@ class SwinTransformer(nn.Module):
         s = img_size or self.cfg.img_size
         grid = (s // self.cfg.patch_size, s // self.cfg.patch_size)
         C = self.cfg.embed_dim
-        total = grid[0] * grid[1] * C * (self.cfg.in_chans * self.cfg.patch_size ** 2)  # patch conv
+        total = grid[0] * grid[1] * C * (self.cfg.in_chans * self.cfg.patch_size**2)  # patch conv
         total += layernorm_flops(grid[0] * grid[1] * C)  # patch norm
         for stage in self.stages:
             total += stage.flops(grid)
@@ -231,6 +280,7 @@ class SwinTransformer(nn.Module):
         yield "norm", self.norm, grid[0] * grid[1]
         yield "head", self.head, 1
 
+
 @register_model(SwinTransformer)
 def swin_tiny() -> dict[str, Any]:
     """Swin-T, 224 px: 28M params, 4.5 GMACs (SwinConfig's defaults)."""
@@ -252,5 +302,14 @@ def swin_base() -> dict[str, Any]:
 @register_model(SwinTransformer)
 def swin_cifar() -> dict[str, Any]:
     """Small Swin for 32 px images: patch 2 -> stages of 16x16, 8x8, 4x4 tokens."""
-    return dict(img_size=32, patch_size=2, num_classes=10, embed_dim=64, depths=[2, 2, 2], num_heads=[2, 4, 8],
-                window_size=4, mlp_ratio=2.0, drop_path_rate=0.1)
+    return dict(
+        img_size=32,
+        patch_size=2,
+        num_classes=10,
+        embed_dim=64,
+        depths=[2, 2, 2],
+        num_heads=[2, 4, 8],
+        window_size=4,
+        mlp_ratio=2.0,
+        drop_path_rate=0.1,
+    )

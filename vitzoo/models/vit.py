@@ -44,7 +44,10 @@ class ViTConfig:
               f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
         check(self.embed_dim % self.num_heads == 0,
               f"model.embed_dim ({self.embed_dim}) must be divisible by model.num_heads ({self.num_heads})")
-        check(self.global_pool in ("token", "avg"), f"model.global_pool must be 'token' or 'avg' (got {self.global_pool!r})")
+        check(
+            self.global_pool in ("token", "avg"),
+            f"model.global_pool must be 'token' or 'avg' (got {self.global_pool!r})",
+        )
         check(self.class_token or self.global_pool == "avg", "model.global_pool='token' needs model.class_token=true")
 
 
@@ -73,13 +76,30 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.grid[0] * self.grid[1], C))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
-        self.blocks = nn.ModuleList([
-            Block(self.attention_cfg, MixerContext(C, cfg.num_heads, self.grid, self.num_prefix, cfg.qkv_bias,
-                                                   cfg.attn_drop_rate, cfg.drop_rate, i, cfg.window_size,
-                                                   shifted=i % 2 == 1),
-                  cfg.mlp_ratio, drop=cfg.drop_rate, drop_path=dpr[i], norm_eps=cfg.norm_eps)
-            for i in range(cfg.depth)
-        ])
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    self.attention_cfg,
+                    MixerContext(
+                        C,
+                        cfg.num_heads,
+                        self.grid,
+                        self.num_prefix,
+                        cfg.qkv_bias,
+                        cfg.attn_drop_rate,
+                        cfg.drop_rate,
+                        i,
+                        cfg.window_size,
+                        shifted=i % 2 == 1,
+                    ),
+                    cfg.mlp_ratio,
+                    drop=cfg.drop_rate,
+                    drop_path=dpr[i],
+                    norm_eps=cfg.norm_eps,
+                )
+                for i in range(cfg.depth)
+            ]
+        )
         self.norm = nn.LayerNorm(C, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes)
@@ -107,7 +127,7 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor) -> Tensor:
-        x = x[:, 0] if self.cfg.global_pool == "token" else x[:, self.num_prefix:].mean(dim=1)
+        x = x[:, 0] if self.cfg.global_pool == "token" else x[:, self.num_prefix :].mean(dim=1)
         return self.head(self.head_drop(x))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -116,7 +136,10 @@ class VisionTransformer(nn.Module):
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Parameter groups in depth order (timm's convention: embeddings, each block, final norm last);
         timm's layer-wise lr decay (``param_groups_layer_decay``) reads it."""
-        return {"stem": r"^cls_token|^pos_embed|^patch_embed", "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
+        return {
+            "stem": r"^cls_token|^pos_embed|^patch_embed",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
 
     def flops(self, img_size: Optional[int] = None) -> int:
         """Analytic MACs for one image (fvcore conventions: LayerNorm 5/elem, pooling 0)."""
@@ -124,7 +147,7 @@ class VisionTransformer(nn.Module):
         grid = self.token_grid((s, s))
         C, n_grid = self.cfg.embed_dim, grid[0] * grid[1]
         n = self.num_prefix + n_grid
-        total = n_grid * C * self.cfg.in_chans * self.cfg.patch_size ** 2  # patch conv: per token C·3·p²
+        total = n_grid * C * self.cfg.in_chans * self.cfg.patch_size**2  # patch conv: per token C·3·p²
         total += sum(blk.flops(grid) for blk in self.blocks)
         total += layernorm_flops(n * C)  # final norm
         return total + C * self.cfg.num_classes  # head
@@ -169,8 +192,17 @@ def vit_base() -> dict[str, Any]:
 @register_model(VisionTransformer)
 def vit_cifar() -> dict[str, Any]:
     """Small ViT for 32 px images (CIFAR, digits): patch 4 -> 8x8 tokens + class token."""
-    return dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=6, num_heads=3, mlp_ratio=2.0,
-                window_size=4, drop_path_rate=0.1)
+    return dict(
+        img_size=32,
+        patch_size=4,
+        num_classes=10,
+        embed_dim=192,
+        depth=6,
+        num_heads=3,
+        mlp_ratio=2.0,
+        window_size=4,
+        drop_path_rate=0.1,
+    )
 
 
 def init_weights(model: nn.Module) -> None:

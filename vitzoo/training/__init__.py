@@ -12,4 +12,13 @@ from vitzoo.training.utils import BenchmarkConfig, run_entry
 ConfigStore.instance().store(group="optim", name="default", node=OptimConfig)
 ConfigStore.instance().store(group="benchmark", name="default", node=BenchmarkConfig)
 
-__all__ = ["BenchmarkConfig", "OptimConfig", "VitModule", "evaluate", "fit", "load_checkpoint_net", "run_entry", "train"]
+__all__ = [
+    "BenchmarkConfig",
+    "OptimConfig",
+    "VitModule",
+    "evaluate",
+    "fit",
+    "load_checkpoint_net",
+    "run_entry",
+    "train",
+]

@@ -1,4 +1,5 @@
 """Callbacks: training throughput and an EMA of the weights (Lightning), a sweep summary at the end of a multirun (Hydra)."""
+
 from __future__ import annotations
 
 import json
@@ -41,11 +42,14 @@ class ImagesPerSecond(pl.Callback):
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = None  # validation time is not training time
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._start = self._now(pl_module)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now = self._now(pl_module)
         if self.steps > 0:
             self._epoch_images += len(batch[0]) * trainer.world_size
@@ -72,15 +76,20 @@ class EMA(EMAWeightAveraging):
         update_starting_at_step: first step averaged (None: from the start).
     """
 
-    def __init__(self, decay: float = 0.999, update_every_n_steps: int = 1, update_starting_at_step: Optional[int] = None):
-        super().__init__(decay=decay, update_every_n_steps=update_every_n_steps,
-                         update_starting_at_step=update_starting_at_step)
+    def __init__(
+        self, decay: float = 0.999, update_every_n_steps: int = 1, update_starting_at_step: Optional[int] = None
+    ):
+        super().__init__(
+            decay=decay, update_every_n_steps=update_every_n_steps, update_starting_at_step=update_starting_at_step
+        )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._average_model = None
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if self._average_model is not None:  # resuming a fit; outside it the state_dict already is the average
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
@@ -94,7 +103,10 @@ class SweepSummary(HydraCallback):
         from rich.table import Table
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = [json.loads(p.read_text()) | {"dir": p.parent.name} for p in sorted(sweep_dir.glob("*/results.json"), key=_job_order)]
+        rows = [
+            json.loads(p.read_text()) | {"dir": p.parent.name}
+            for p in sorted(sweep_dir.glob("*/results.json"), key=_job_order)
+        ]
         if not rows:
             return
         table = Table(title=f"sweep {sweep_dir}")
@@ -102,9 +114,16 @@ class SweepSummary(HydraCallback):
             table.add_column(col, no_wrap=True)
         for r in rows:
             acc, ips, gmacs = r.get("best_val_acc"), r.get("train_images_per_s"), r.get("gmacs")
-            table.add_row(r["dir"], r.get("status", "?"), str(r.get("model")), str(r.get("attention")), str(r.get("data")),
-                          f"{acc:.4f}" if acc is not None else "-", f"{ips:.0f}" if ips else "-",
-                          f"{gmacs:.3f}" if gmacs is not None else "-")
+            table.add_row(
+                r["dir"],
+                r.get("status", "?"),
+                str(r.get("model")),
+                str(r.get("attention")),
+                str(r.get("data")),
+                f"{acc:.4f}" if acc is not None else "-",
+                f"{ips:.0f}" if ips else "-",
+                f"{gmacs:.3f}" if gmacs is not None else "-",
+            )
         console = Console()
         console.print(table)
         for r in rows:

@@ -117,19 +117,37 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     report = count_flops(module.net)
     console.print(flops_table(report, f"{model_name} + attention={attention_name}"))
 
-    trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", logger=False, callbacks=[], enable_checkpointing=False,
-                               enable_model_summary=False)
+    trainer = safe_instantiate(
+        cfg.trainer,
+        "trainer",
+        "trainer",
+        logger=False,
+        callbacks=[],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     memory = PeakMemory(trainer.strategy.root_device)  # the same measure as training's peak_memory_mb
     memory.start()
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     infer = trainer_throughput(trainer, module.net, bench)
     peak_mb = memory.peak_mb()
-    out = {"ckpt_path": str(path), "model": model_name, "attention": attention_name, "data": dm.name,
-           "num_val_images": len(dm.val_set), "preprocessing": {"img_size": dm.img_size, "mean": list(dm.mean),
-                                                                "std": list(dm.std)}, "val_acc": float(metrics["val/acc"]), "val_acc5": float(metrics["val/acc5"]),
-           "val_loss": float(metrics["val/loss"]), "infer_images_per_s": infer,
-           "infer_batch_size": bench.batch_size, "peak_memory_mb": peak_mb,
-           "params": report.params, "gmacs": report.measured / 1e9, "gmacs_analytic": report.analytic / 1e9}
+    out = {
+        "ckpt_path": str(path),
+        "model": model_name,
+        "attention": attention_name,
+        "data": dm.name,
+        "num_val_images": len(dm.val_set),
+        "preprocessing": {"img_size": dm.img_size, "mean": list(dm.mean), "std": list(dm.std)},
+        "val_acc": float(metrics["val/acc"]),
+        "val_acc5": float(metrics["val/acc5"]),
+        "val_loss": float(metrics["val/loss"]),
+        "infer_images_per_s": infer,
+        "infer_batch_size": bench.batch_size,
+        "peak_memory_mb": peak_mb,
+        "params": report.params,
+        "gmacs": report.measured / 1e9,
+        "gmacs_analytic": report.analytic / 1e9,
+    }
     report_path = path.with_name(f"{path.stem}.eval.json")
     report_path.write_text(json.dumps(out, indent=2) + "\n")
     out["report_path"] = str(report_path)

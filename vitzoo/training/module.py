@@ -34,10 +34,12 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     label_smoothing: float = 0.1  # cross-entropy label smoothing
     warmup_epochs: float = 1.0  # linear warm-up length in epochs (may be fractional), then per-step cosine
-    warmup_fraction: Optional[float] = None  # set (e.g. 0.05): warm-up is this share of all steps, replacing warmup_epochs
+    warmup_fraction: Optional[float] = (
+        None  # set (e.g. 0.05): warm-up is this share of all steps, replacing warmup_epochs
+    )
     warmup_lr_ratio: float = 1e-3  # warm-up starts at lr * this
     min_lr_ratio: float = 0.01  # cosine ends at lr * this
-    layer_decay: Optional[float] = None  # timm layer-wise lr decay (e.g. 0.65 to fine-tune: block i of L at lr·decay^(L-i)); None: off
+    layer_decay: Optional[float] = None
     mixup_alpha: float = 0.0  # timm Mixup: Beta(alpha, alpha) blend of image pairs (0: off)
     cutmix_alpha: float = 0.0  # timm CutMix: pasted boxes (0: off); with both on, timm picks one per batch
 
@@ -69,11 +71,17 @@ def build_mixup(o: OptimConfig, num_classes: int) -> Optional[Mixup]:
         num_classes: classifier outputs.
     """
     if float(o.mixup_alpha) < 0 or float(o.cutmix_alpha) < 0:
-        raise ConfigError(f"optim.mixup_alpha and optim.cutmix_alpha must be >= 0 (got {o.mixup_alpha}, {o.cutmix_alpha})")
+        raise ConfigError(
+            f"optim.mixup_alpha and optim.cutmix_alpha must be >= 0 (got {o.mixup_alpha}, {o.cutmix_alpha})"
+        )
     if float(o.mixup_alpha) == 0 and float(o.cutmix_alpha) == 0:
         return None
-    return Mixup(mixup_alpha=float(o.mixup_alpha), cutmix_alpha=float(o.cutmix_alpha),
-                 label_smoothing=float(o.label_smoothing), num_classes=num_classes)
+    return Mixup(
+        mixup_alpha=float(o.mixup_alpha),
+        cutmix_alpha=float(o.cutmix_alpha),
+        label_smoothing=float(o.label_smoothing),
+        num_classes=num_classes,
+    )
 
 
 class VitModule(pl.LightningModule):
@@ -89,8 +97,13 @@ class VitModule(pl.LightningModule):
             that evaluation and export know the preprocessing.
     """
 
-    def __init__(self, model: Mapping[str, Any], attention: Any = None, optim: Optional[Mapping[str, Any]] = None,
-                 data: Optional[Mapping[str, Any]] = None):
+    def __init__(
+        self,
+        model: Mapping[str, Any],
+        attention: Any = None,
+        optim: Optional[Mapping[str, Any]] = None,
+        data: Optional[Mapping[str, Any]] = None,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.optim = build_config(OptimConfig, optim or {}, "optim")
@@ -175,15 +188,23 @@ class VitModule(pl.LightningModule):
         if o.layer_decay is None:
             groups = param_groups_weight_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY)
         else:  # the models' group_matcher() orders the layers; timm scales each group's lr (lr_scale)
-            groups = param_groups_layer_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY,
-                                              layer_decay=float(o.layer_decay))
-        optimizer = create_optimizer_v2(groups, opt="adamw", lr=float(o.lr), weight_decay=float(o.weight_decay),
-                                        betas=tuple(o.betas))
+            groups = param_groups_layer_decay(
+                self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY, layer_decay=float(o.layer_decay)
+            )
+        optimizer = create_optimizer_v2(
+            groups, opt="adamw", lr=float(o.lr), weight_decay=float(o.weight_decay), betas=tuple(o.betas)
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = warmup_steps(o, total, self.trainer.max_epochs)
-        scheduler = CosineLRScheduler(optimizer, t_initial=max(1, total - warmup), lr_min=float(o.lr) * float(o.min_lr_ratio),
-                                      warmup_t=warmup, warmup_lr_init=float(o.lr) * float(o.warmup_lr_ratio),
-                                      warmup_prefix=True, t_in_epochs=False)
+        scheduler = CosineLRScheduler(
+            optimizer,
+            t_initial=max(1, total - warmup),
+            lr_min=float(o.lr) * float(o.min_lr_ratio),
+            warmup_t=warmup,
+            warmup_lr_init=float(o.lr) * float(o.warmup_lr_ratio),
+            warmup_prefix=True,
+            t_in_epochs=False,
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def lr_scheduler_step(self, scheduler: CosineLRScheduler, metric: Any) -> None:

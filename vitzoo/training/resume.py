@@ -111,19 +111,35 @@ class Checkpoint(ModelCheckpoint):
     def __init__(self, dirpath: str, filename: str, monitor: str, mode: str = "max", save_top_k: int = 1,
                  save_last: bool = True, auto_insert_metric_name: bool = False, every_n_epochs: int = 1,
                  every_n_train_steps: Optional[int] = None):
-        super().__init__(dirpath=dirpath, filename=filename, monitor=monitor, mode=mode, save_top_k=save_top_k,
-                         save_last=save_last, auto_insert_metric_name=auto_insert_metric_name, every_n_epochs=every_n_epochs)
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            mode=mode,
+            save_top_k=save_top_k,
+            save_last=save_last,
+            auto_insert_metric_name=auto_insert_metric_name,
+            every_n_epochs=every_n_epochs,
+        )
         if every_n_train_steps is not None and int(every_n_train_steps) <= 0:
-            raise ConfigError(f"callbacks.model_checkpoint.every_n_train_steps must be a positive integer or null "
-                              f"(got {every_n_train_steps})")
+            raise ConfigError(
+                f"callbacks.model_checkpoint.every_n_train_steps must be a positive integer or null "
+                f"(got {every_n_train_steps})"
+            )
         self.every_steps = int(every_n_train_steps) if every_n_train_steps else 0
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         last_of_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch  # the epoch-end save follows
-        if (self.every_steps and self.save_last and trainer.global_step % self.every_steps == 0 and not last_of_epoch
-                and not self._should_skip_saving_checkpoint(trainer)):
+        if (
+            self.every_steps
+            and self.save_last
+            and trainer.global_step % self.every_steps == 0
+            and not last_of_epoch
+            and not self._should_skip_saving_checkpoint(trainer)
+        ):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -177,9 +193,11 @@ class StopOnNonFinite(pl.Callback):
         if bad:
             ckpt = trainer.checkpoint_callback
             last = (ckpt.last_model_path or ckpt.best_model_path) if ckpt is not None else ""
-            raise TrainingDiverged(f"train/loss is {loss.item()} at step {trainer.global_step} (epoch "
-                                   f"{trainer.current_epoch}); stopped before the update, last good checkpoint: "
-                                   f"{last or 'none'}; lower optim.lr or raise optim.warmup_epochs")
+            raise TrainingDiverged(
+                f"train/loss is {loss.item()} at step {trainer.global_step} (epoch "
+                f"{trainer.current_epoch}); stopped before the update, last good checkpoint: "
+                f"{last or 'none'}; lower optim.lr or raise optim.warmup_epochs"
+            )
 
 
 class RngState(pl.Callback):
@@ -189,8 +207,12 @@ class RngState(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         version, state, gauss = random.getstate()
-        return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
-                "numpy": [str(kind), int(pos), int(has_gauss), float(cached)], "python": [version, list(state), gauss]}
+        return {
+            "torch": torch.get_rng_state(),
+            "numpy_keys": torch.from_numpy(keys.astype(np.int64)),
+            "numpy": [str(kind), int(pos), int(has_gauss), float(cached)],
+            "python": [version, list(state), gauss],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         torch.set_rng_state(state_dict["torch"])
@@ -200,8 +222,12 @@ class RngState(pl.Callback):
         random.setstate((version, tuple(state), gauss))
 
 
-def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", state_dict_type: str = "full",
-                  activation_checkpointing: bool = False, cpu_offload: bool = False) -> Any:
+def fsdp_strategy(
+    sharding_strategy: str = "FULL_SHARD",
+    state_dict_type: str = "full",
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+) -> Any:
     """Lightning's ``FSDPStrategy`` wrapping every transformer block (ViT and Swin) in its own FSDP unit.
 
     Args:
@@ -214,9 +240,13 @@ def fsdp_strategy(sharding_strategy: str = "FULL_SHARD", state_dict_type: str = 
 
     from vitzoo.layers.block import Block
 
-    return FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=sharding_strategy, state_dict_type=state_dict_type,
-                        activation_checkpointing_policy={Block} if activation_checkpointing else None,
-                        cpu_offload=cpu_offload)
+    return FSDPStrategy(
+        auto_wrap_policy={Block},
+        sharding_strategy=sharding_strategy,
+        state_dict_type=state_dict_type,
+        activation_checkpointing_policy={Block} if activation_checkpointing else None,
+        cpu_offload=cpu_offload,
+    )
 
 
 def write_export(write: Any, out_dir: Path) -> None:
@@ -239,5 +269,7 @@ def write_export(write: Any, out_dir: Path) -> None:
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
-        raise ConfigError(f"could not write the export to {out_dir} ({reason}); free space there or set export=false "
-                          f"(the checkpoints are kept)") from None
+        raise ConfigError(
+            f"could not write the export to {out_dir} ({reason}); free space there or set export=false "
+            f"(the checkpoints are kept)"
+        ) from None

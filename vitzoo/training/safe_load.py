@@ -23,15 +23,32 @@ from vitzoo.untrusted import plain_data
 
 # kind -> the ``_target_`` paths a config may name for it (extend in code to allow your own class)
 ALLOWED_TARGETS: dict[str, set[str]] = {
-    "data": {"vitzoo.data.datamodules.DigitsDataModule", "vitzoo.data.datamodules.CIFARDataModule", "vitzoo.data.datamodules.ImageFolderDataModule"},
-    "logger": {"pytorch_lightning.loggers.CSVLogger", "vitzoo.training.resume.ResumableCSVLogger",
-               "pytorch_lightning.loggers.TensorBoardLogger", "pytorch_lightning.loggers.WandbLogger"},
-    "callbacks": {"pytorch_lightning.callbacks.ModelCheckpoint", "vitzoo.training.resume.Checkpoint", "pytorch_lightning.callbacks.LearningRateMonitor",
-                  "pytorch_lightning.callbacks.RichProgressBar", "pytorch_lightning.callbacks.TQDMProgressBar",
-                  "pytorch_lightning.callbacks.EarlyStopping", "vitzoo.training.callbacks.EMA"},
+    "data": {
+        "vitzoo.data.datamodules.DigitsDataModule",
+        "vitzoo.data.datamodules.CIFARDataModule",
+        "vitzoo.data.datamodules.ImageFolderDataModule",
+    },
+    "logger": {
+        "pytorch_lightning.loggers.CSVLogger",
+        "vitzoo.training.resume.ResumableCSVLogger",
+        "pytorch_lightning.loggers.TensorBoardLogger",
+        "pytorch_lightning.loggers.WandbLogger",
+    },
+    "callbacks": {
+        "pytorch_lightning.callbacks.ModelCheckpoint",
+        "vitzoo.training.resume.Checkpoint",
+        "pytorch_lightning.callbacks.LearningRateMonitor",
+        "pytorch_lightning.callbacks.RichProgressBar",
+        "pytorch_lightning.callbacks.TQDMProgressBar",
+        "pytorch_lightning.callbacks.EarlyStopping",
+        "vitzoo.training.callbacks.EMA",
+    },
     "trainer": {"pytorch_lightning.Trainer"},
-    "trainer.strategy": {"pytorch_lightning.strategies.DDPStrategy", "pytorch_lightning.strategies.FSDPStrategy",
-                         "vitzoo.training.resume.fsdp_strategy"},
+    "trainer.strategy": {
+        "pytorch_lightning.strategies.DDPStrategy",
+        "pytorch_lightning.strategies.FSDPStrategy",
+        "vitzoo.training.resume.fsdp_strategy",
+    },
 }
 ALL_TARGETS = set().union(*ALLOWED_TARGETS.values())  # nested _target_ entries may name any of them
 HPARAM_KEYS = ("model", "attention", "optim", "data")  # VitModule's arguments, all plain data
@@ -52,8 +69,10 @@ def check_targets(node: Any, kind: str, where: str) -> None:
         target = node.get("_target_")
         allowed = ALLOWED_TARGETS.get(kind, ALL_TARGETS)
         if target is not None and target not in allowed:
-            raise ConfigError(f"{where}._target_={target!r} is not an allowed {kind.split('.')[0]} class; "
-                              f"choose one of: {', '.join(sorted(allowed))}")
+            raise ConfigError(
+                f"{where}._target_={target!r} is not an allowed {kind.split('.')[0]} class; "
+                f"choose one of: {', '.join(sorted(allowed))}"
+            )
         for key, value in node.items():
             check_targets(value, f"{kind}.{key}", f"{where}.{key}")
     elif isinstance(node, (list, tuple)):
@@ -81,8 +100,11 @@ def safe_instantiate(node: Any, kind: str, where: str, **extra: Any) -> Any:
 
 def instantiate_group(group: Any, kind: str) -> list[Any]:
     """Instantiate every ``_target_`` entry of a ``callbacks``/``logger`` group (null entries skipped)."""
-    return [safe_instantiate(c, kind, f"{kind}.{name}") for name, c in (group or {}).items()
-            if c is not None and "_target_" in c]
+    return [
+        safe_instantiate(c, kind, f"{kind}.{name}")
+        for name, c in (group or {}).items()
+        if c is not None and "_target_" in c
+    ]
 
 
 def saved_data_config(config: Any, source: str) -> Optional[dict[str, Any]]:
@@ -118,8 +140,10 @@ def checkpoint_hparams(ckpt: Mapping[str, Any], source: str) -> dict[str, Any]:
         raise ConfigError(f"{source}: hyper_parameters is not a mapping; not a vitzoo checkpoint")
     unknown = sorted(set(hparams) - set(HPARAM_KEYS))
     if unknown:
-        raise ConfigError(f"{source}: unknown hyper-parameter {unknown[0]!r} (a vitzoo checkpoint has "
-                          f"{', '.join(HPARAM_KEYS)}); not a vitzoo checkpoint")
+        raise ConfigError(
+            f"{source}: unknown hyper-parameter {unknown[0]!r} (a vitzoo checkpoint has "
+            f"{', '.join(HPARAM_KEYS)}); not a vitzoo checkpoint"
+        )
     plain_data(dict(hparams), f"{source}: hyper_parameters")
     if not isinstance(hparams.get("model"), Mapping):
         raise ConfigError(f"{source}: hyper_parameters.model is not a mapping; not a vitzoo checkpoint")

@@ -101,8 +101,15 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
     """
     out_dir = Path(cfg.paths.output_dir)
     ckpt_path, previous = resolve_ckpt_path(cfg.get("ckpt_path"), out_dir)
-    results = ResultsFile(out_dir / "results.json", status="running", model=cfg.model.name, attention=cfg.attention.name,
-                          data=cfg.data.name, resumed_from=ckpt_path, previous_status=previous)
+    results = ResultsFile(
+        out_dir / "results.json",
+        status="running",
+        model=cfg.model.name,
+        attention=cfg.attention.name,
+        data=cfg.data.name,
+        resumed_from=ckpt_path,
+        previous_status=previous,
+    )
     try:
         return _fit(cfg, out_dir, results, ckpt_path)
     except BaseException as e:
@@ -139,7 +146,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Optional[str]) -> tuple[dict[str, Any], VitModule]:
+def _fit(
+    cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Optional[str]
+) -> tuple[dict[str, Any], VitModule]:
     start = time.perf_counter()
     container = OmegaConf.to_container(cfg, resolve=True)
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -158,9 +167,14 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
 
     speed = ImagesPerSecond()
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, StopOnNonFinite(), RngState()]
-    trainer: pl.Trainer = safe_instantiate(cfg.trainer, "trainer", "trainer", callbacks=callbacks,
-                                           logger=instantiate_all(cfg.get("logger"), "logger") or False,
-                                           plugins=[AtomicCheckpointIO()])
+    trainer: pl.Trainer = safe_instantiate(
+        cfg.trainer,
+        "trainer",
+        "trainer",
+        callbacks=callbacks,
+        logger=instantiate_all(cfg.get("logger"), "logger") or False,
+        plugins=[AtomicCheckpointIO()],
+    )
     # the training peak over the resident size before fit (CPU: VmHWM reset here). In a CPU multirun later jobs
     # start with memory the allocator kept from earlier ones: memory tables run one process per job
     memory = PeakMemory(trainer.strategy.root_device)
@@ -170,8 +184,9 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
-    metrics = trainer.validate(module, datamodule=dm, ckpt_path=best, verbose=False,
-                               weights_only=True)[0]  # loads the best weights
+    metrics = trainer.validate(module, datamodule=dm, ckpt_path=best, verbose=False, weights_only=True)[
+        0
+    ]  # loads the best weights
 
     export_dir = out_dir / "export" if cfg.get("export", True) else None
     if export_dir is not None and rank_zero_only.rank == 0:
@@ -180,14 +195,27 @@ def _fit(cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Option
     # MFU: analytic MACs x 3 (forward + backward) per training image over the machine's cached matmul peak
     peak = matmul_peak(trainer.strategy.root_device, precision_dtype(cfg.trainer.get("precision")))
     final = results.update(
-        status="finished", best_val_acc=float(metrics["val/acc"]), best_val_acc5=float(metrics["val/acc5"]),
-        val_loss=float(metrics["val/loss"]), train_images_per_s=speed.images_per_s, infer_images_per_s=infer,
-        train_mfu=mfu(report.analytic * 3 * (speed.images_per_s or 0), 1.0, peak), matmul_peak_gmacs_s=peak / 1e9,
-        peak_memory_mb=train_peak_mb, epochs=trainer.current_epoch, steps=trainer.global_step, best_ckpt=best,
+        status="finished",
+        best_val_acc=float(metrics["val/acc"]),
+        best_val_acc5=float(metrics["val/acc5"]),
+        val_loss=float(metrics["val/loss"]),
+        train_images_per_s=speed.images_per_s,
+        infer_images_per_s=infer,
+        train_mfu=mfu(report.analytic * 3 * (speed.images_per_s or 0), 1.0, peak),
+        matmul_peak_gmacs_s=peak / 1e9,
+        peak_memory_mb=train_peak_mb,
+        epochs=trainer.current_epoch,
+        steps=trainer.global_step,
+        best_ckpt=best,
         val_images=validated_images(trainer, dm),
-        export_dir=str(export_dir) if export_dir else None, wall_s=time.perf_counter() - start, output_dir=str(out_dir))
+        export_dir=str(export_dir) if export_dir else None,
+        wall_s=time.perf_counter() - start,
+        output_dir=str(out_dir),
+    )
     if rank_zero_only.rank == 0:
-        console.print(f"[bold]{cfg.model.name} + {cfg.attention.name} on {cfg.data.name}[/]: val acc {final['best_val_acc']:.4f} "
-                      f"(top-5 {final['best_val_acc5']:.4f}), train {final['train_images_per_s'] or 0:.0f} img/s, "
-                      f"inference {infer:.0f} img/s, {final['wall_s']:.0f} s -> {out_dir / 'results.json'}")
+        console.print(
+            f"[bold]{cfg.model.name} + {cfg.attention.name} on {cfg.data.name}[/]: val acc {final['best_val_acc']:.4f} "
+            f"(top-5 {final['best_val_acc5']:.4f}), train {final['train_images_per_s'] or 0:.0f} img/s, "
+            f"inference {infer:.0f} img/s, {final['wall_s']:.0f} s -> {out_dir / 'results.json'}"
+        )
     return final, module

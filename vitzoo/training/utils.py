@@ -23,9 +23,26 @@ from torch import nn
 from vitzoo.flops import FlopReport
 from vitzoo.registry import ConfigError, build_config
 
-RESULT_KEYS = ("status", "model", "attention", "data", "best_val_acc", "best_val_acc5", "val_loss", "train_images_per_s",
-               "infer_images_per_s", "peak_memory_mb", "params", "gmacs", "gmacs_analytic", "epochs", "val_images", "best_ckpt",
-               "export_dir", "error")
+RESULT_KEYS = (
+    "status",
+    "model",
+    "attention",
+    "data",
+    "best_val_acc",
+    "best_val_acc5",
+    "val_loss",
+    "train_images_per_s",
+    "infer_images_per_s",
+    "peak_memory_mb",
+    "params",
+    "gmacs",
+    "gmacs_analytic",
+    "epochs",
+    "val_images",
+    "best_ckpt",
+    "export_dir",
+    "error",
+)
 
 console = Console()
 
@@ -102,7 +119,9 @@ def read_checkpoint(path: Any) -> dict[str, Any]:
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=<run>/checkpoints/<file>.ckpt")
     p = Path(str(path)).expanduser()
     if not p.is_file():
-        raise ConfigError(f"ckpt_path={p} does not exist" + (" (it is a folder; give a .ckpt file)" if p.is_dir() else ""))
+        raise ConfigError(
+            f"ckpt_path={p} does not exist" + (" (it is a folder; give a .ckpt file)" if p.is_dir() else "")
+        )
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
@@ -114,22 +133,32 @@ def read_checkpoint(path: Any) -> dict[str, Any]:
 
 def flops_table(report: FlopReport, title: str) -> Table:
     """Rich table: params, then analytic and fvcore-measured GMACs for the model and every attention layer."""
-    table = Table(title=f"{title}: {report.params / 1e6:.3f} M params, {report.measured / 1e9:.4f} GMACs measured, "
-                        f"{report.analytic / 1e9:.4f} GMACs analytic (one image)")
+    table = Table(
+        title=f"{title}: {report.params / 1e6:.3f} M params, {report.measured / 1e9:.4f} GMACs measured, "
+        f"{report.analytic / 1e9:.4f} GMACs analytic (one image)"
+    )
     table.add_column("layer")
     table.add_column("formula")
     table.add_column("analytic GMACs", justify="right")
     table.add_column("measured GMACs", justify="right")
     table.add_column("match")
     for name, formula, analytic, measured in report.rows():
-        table.add_row(name, formula, f"{analytic / 1e9:.5f}", f"{measured / 1e9:.5f}", "yes" if analytic == measured else "NO")
+        table.add_row(
+            name, formula, f"{analytic / 1e9:.5f}", f"{measured / 1e9:.5f}", "yes" if analytic == measured else "NO"
+        )
     return table
 
 
 @torch.inference_mode()
-def inference_throughput(model: nn.Module, batch_size: int = 64, img_size: Optional[int] = None, warmup: int = 3,
-                         steps: int = 10, device: Optional[torch.device] = None,
-                         context: Callable[[], ContextManager] = contextlib.nullcontext) -> float:
+def inference_throughput(
+    model: nn.Module,
+    batch_size: int = 64,
+    img_size: Optional[int] = None,
+    warmup: int = 3,
+    steps: int = 10,
+    device: Optional[torch.device] = None,
+    context: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> float:
     """Images/s of ``model`` in eval mode at a fixed batch of random images; warm-up steps are not timed.
 
     Args:
@@ -177,5 +206,11 @@ def benchmark_config(options: Any) -> BenchmarkConfig:
 
 def trainer_throughput(trainer: Any, model: nn.Module, bench: BenchmarkConfig) -> float:
     """:func:`inference_throughput` on the Trainer's device and precision, sized by the ``benchmark`` config."""
-    return inference_throughput(model, batch_size=bench.batch_size, warmup=bench.warmup, steps=bench.steps,
-                                device=trainer.strategy.root_device, context=trainer.precision_plugin.forward_context)
+    return inference_throughput(
+        model,
+        batch_size=bench.batch_size,
+        warmup=bench.warmup,
+        steps=bench.steps,
+        device=trainer.strategy.root_device,
+        context=trainer.precision_plugin.forward_context,
+    )

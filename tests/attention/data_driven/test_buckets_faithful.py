@@ -113,8 +113,10 @@ def test_sinkhorn_noise_option_is_checked():
 
 
 def test_reformer_buckets_grow_with_the_sequence():
-    sizes = {side: make_attention("reformer", (side, side), 0, bucket_size=16).n_buckets((side, side))
-             for side in (4, 8, 16, 32)}
+    sizes = {
+        side: make_attention("reformer", (side, side), 0, bucket_size=16).n_buckets((side, side))
+        for side in (4, 8, 16, 32)
+    }
     assert sizes == {4: 2, 8: 4, 16: 16, 32: 64}  # ⌈M/16⌉, even, >= 2
     assert make_attention("reformer", (6, 10), 0, bucket_size=12).n_buckets((6, 10)) == 6  # 60/12 = 5 -> 6
     attn = make_attention("reformer", (16, 16), 1, bucket_size=16).eval()
@@ -131,8 +133,9 @@ def test_reformer_smaller_grid_uses_fewer_buckets_larger_grid_is_a_config_error(
     x = torch.randn(2, 17, 32, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(attn(x, (4, 4)), attn.reference(x, (4, 4)), rtol=1e-6, atol=1e-8)  # 2 buckets
-    with pytest.raises(ConfigError, match="attention=reformer needs 32 buckets at the 16x16 grid but was built for "
-                                          "the 8x8 grid") as err:
+    with pytest.raises(
+        ConfigError, match="attention=reformer needs 32 buckets at the 16x16 grid but was built for the 8x8 grid"
+    ) as err:
         attn(torch.randn(1, 257, 32, dtype=torch.float64), (16, 16))
     assert "\n" not in str(err.value)
 

@@ -157,6 +157,7 @@ def test_linformer_k_clamped_to_sequence_length():
 
 # ---------------------------------------------------------------- inside the models
 
+
 @pytest.mark.parametrize("model", ["vit_cifar", "swin_cifar"])
 @pytest.mark.parametrize("name", KERNEL_BACKENDS)
 def test_trains_inside_models(model, name):
@@ -181,8 +182,11 @@ def _core_inputs(kind: str, tokens: int):
     torch.manual_seed(0)
     h, d, m = CORE_HEADS, 4, 6
     qkv = (0.5 * torch.randn(2, tokens, 3 * h * d, dtype=torch.float64)).requires_grad_()
-    omega = {"exp": torch.randn(m, d, dtype=torch.float64), "fourier": torch.randn(h, m, d, dtype=torch.float64),
-             "elu": None}[kind]
+    omega = {
+        "exp": torch.randn(m, d, dtype=torch.float64),
+        "fourier": torch.randn(h, m, d, dtype=torch.float64),
+        "elu": None,
+    }[kind]
     scale = (torch.rand(h, 1, d, dtype=torch.float64) + 0.5).requires_grad_() if kind == "fourier" else None
     eps, factor = (1e-3, 1 / m) if kind == "fourier" else (1e-6 if kind == "exp" else None, 1.0)
     return qkv, omega, scale, eps, factor
@@ -202,12 +206,16 @@ def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
     inputs = (qkv,) if scale is None else (qkv, scale)
 
     def fn(*args):
-        return feature_core.feature_attention_qkv(kind, args[0], h, omega, args[1] if len(args) > 1 else scale, eps, factor)
+        return feature_core.feature_attention_qkv(
+            kind, args[0], h, omega, args[1] if len(args) > 1 else scale, eps, factor
+        )
+
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-@pytest.mark.parametrize("kind,kernel", [("exp", True), ("exp", False), ("fourier", True), ("fourier", False),
-                                         ("elu", False)])
+@pytest.mark.parametrize(
+    "kind,kernel", [("exp", True), ("exp", False), ("fourier", True), ("fourier", False), ("elu", False)]
+)
 def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, monkeypatch):
     """Backward takes g·out from the returned output and releases it; a second backward of the retained graph
     recomputes φ(Q)[kv | z] instead and gives the same gradients; an output changed in place is not used (the
@@ -221,6 +229,7 @@ def test_kernel_core_backward_from_its_output_matches_recompute(kind, kernel, mo
 
     def run():
         return feature_core.feature_attention_qkv(kind, qkv, CORE_HEADS, omega, scale, eps, factor)
+
     y = run()
     g_y = torch.randn_like(y)
     assert y.grad_fn.out is not None
@@ -247,7 +256,9 @@ def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
     ref = attn.merge_heads(attn.attend(*attn.split_heads(x), (8, 8)))
     g = torch.randn_like(y)
     params = [x, *attn.parameters()]
-    for a, b in zip(torch.autograd.grad(y, params, g, allow_unused=True), torch.autograd.grad(ref, params, g, allow_unused=True)):
+    for a, b in zip(
+        torch.autograd.grad(y, params, g, allow_unused=True), torch.autograd.grad(ref, params, g, allow_unused=True)
+    ):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)

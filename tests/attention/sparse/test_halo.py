@@ -4,6 +4,7 @@ The float64 agreement of every sparse backend with its dense masked reference is
 tests/attention/test_registry.py and tests/attention/sparse/test_sparse_patterns.py; here: the per-axis plans against the
 range-test masks of :func:`axis_mask`, block and halo sizes, which outputs depend on which inputs.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,14 @@ from vitzoo.attention.sparse.halo import HaloGroup, axis_plan
 from vitzoo.attention.sparse.pattern import SparsePatternAttention
 
 SPARSE = backends("sparse", SparsePatternAttention)
-AXES = [(n, k, dil, border) for n in range(1, 14) for k in (1, 3, 5) for dil in (1, 2, 3) for border in ("shift", "mask")
-        if k * dil <= n or border == "mask"]
+AXES = [
+    (n, k, dil, border)
+    for n in range(1, 14)
+    for k in (1, 3, 5)
+    for dil in (1, 2, 3)
+    for border in ("shift", "mask")
+    if k * dil <= n or border == "mask"
+]
 
 
 def test_axis_plan_hand_checked():
@@ -110,4 +117,5 @@ def test_relative_position_bias_is_a_bool_option():
     with pytest.raises(ConfigError, match=r"attention.rel_pos_bias must be true or false"):
         make_attention("local", (8, 8), 0, rel_pos_bias=1)
     assert make_attention("local", (8, 8), 0).rel_pos_bias is None and "rel_pos_bias" not in dict(
-        make_attention("local", (8, 8), 0).named_parameters())
+        make_attention("local", (8, 8), 0).named_parameters()
+    )

@@ -236,5 +236,12 @@ class ReformerAttention(BucketAttention):
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid
         c, length, n_b = self.layout(grid)  # L: grid tokens padded to a multiple of the chunk c
-        return {**super().symbols(grid), "n_h": self.cfg.n_hashes, "n_b": n_b, "c": c,
-                "P": self.num_prefix, "M": grid[0] * grid[1], "L": length}
+        return {
+            **super().symbols(grid),
+            "n_h": self.cfg.n_hashes,
+            "n_b": n_b,
+            "c": c,
+            "P": self.num_prefix,
+            "M": grid[0] * grid[1],
+            "L": length,
+        }

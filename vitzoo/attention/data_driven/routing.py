@@ -187,8 +187,9 @@ class RoutingAttention(BucketAttention):
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         B, _, m, _ = qg.shape
         w = self.cluster_size(grid)
-        starts = torch.tensor([j * (m - w) // max(self.num_clusters - 1, 1) for j in range(self.num_clusters)],
-                              device=q.device)
+        starts = torch.tensor(
+            [j * (m - w) // max(self.num_clusters - 1, 1) for j in range(self.num_clusters)], device=q.device
+        )
         pos = torch.arange(m, device=q.device).unsqueeze(-1)  # [M, 1]
         inside = ((pos >= starts) & (pos < starts + w)).to(q.dtype)  # [M, K] token in window j
         local = (inside @ inside.T).expand(B, hl, m, m)  # [B, h_l, M, M] windows shared by i and j
@@ -212,6 +213,11 @@ class RoutingAttention(BucketAttention):
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid
-        return {**super().symbols(grid), "K": self.num_clusters, "w": self.cluster_size(grid),
-                "C_r": (self.num_heads - self.local_heads) * self.head_dim, "P": self.num_prefix,
-                "M": grid[0] * grid[1]}
+        return {
+            **super().symbols(grid),
+            "K": self.num_clusters,
+            "w": self.cluster_size(grid),
+            "C_r": (self.num_heads - self.local_heads) * self.head_dim,
+            "P": self.num_prefix,
+            "M": grid[0] * grid[1],
+        }

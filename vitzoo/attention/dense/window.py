@@ -198,14 +198,16 @@ class WindowAttention(QKVAttention):
         bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
         if core_applies(qkv, p, gather.shape[0] * self.num_heads):
-            out = window_core(qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale,
-                              self.plain_partition(grid))  # [B, N, C]
+            out = window_core(
+                qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale, self.plain_partition(grid)
+            )  # [B, N, C]
         else:
             out = self.attend_windows(qkv, gather, scatter, bias, mask, p)
         return self.proj_drop(self.proj(out))
 
-    def attend_windows(self, qkv: Tensor, gather: Tensor, scatter: Tensor, bias: Tensor, mask: Optional[Tensor],
-                       p: float) -> Tensor:
+    def attend_windows(
+        self, qkv: Tensor, gather: Tensor, scatter: Tensor, bias: Tensor, mask: Optional[Tensor], p: float
+    ) -> Tensor:
         """Window attention with SDPA: ``qkv[B, N, 3C]`` -> merged heads ``[B, N, C]`` in token order.
 
         Args:
@@ -253,7 +255,9 @@ class WindowAttention(QKVAttention):
         allowed = F.pad(same, (P, 0), value=True)  # [HW, P + HW]: the prefix is always a key
         out = dense_attention(q[:, :, P:], k, v, allowed=allowed, bias=bias)  # [B, h, HW, d]
         if P:
-            in_win = F.pad(win[None, :] == torch.arange(num_windows(grid, M))[:, None], (P, 0), value=True)  # [nW, P+HW]
+            in_win = F.pad(
+                win[None, :] == torch.arange(num_windows(grid, M))[:, None], (P, 0), value=True
+            )  # [nW, P+HW]
             qp = q[:, :, None, :P].expand(-1, -1, in_win.shape[0], -1, -1)  # [B, h, nW, P, d]
             pre = dense_attention(qp, k[:, :, None], v[:, :, None], allowed=in_win[:, None])  # [B, h, nW, P, d]
             out = torch.cat([pre.mean(dim=2), out], dim=2)
@@ -263,7 +267,7 @@ class WindowAttention(QKVAttention):
         """MACs for one image whose token grid is ``grid`` (partitioned into nW windows of T = P + M² slots)."""
         grid = grid or self.grid
         nw = num_windows(grid, self.window_size)
-        t = self.num_prefix + self.window_size ** 2  # tokens per window
+        t = self.num_prefix + self.window_size**2  # tokens per window
         # qkv (3NC²) and output projection (NC²) of the N = P + H·W tokens
         proj = self.projection_flops(self.seq_len(grid))
         # QKᵀ: T·T·d per head and AV: T·T·d per head -> 2T²C per window
@@ -271,5 +275,12 @@ class WindowAttention(QKVAttention):
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid
-        return {"N": self.seq_len(grid), "C": self.dim, "h": self.num_heads, "M": self.window_size,
-                "P": self.num_prefix, "nW": num_windows(grid, self.window_size), "T": self.num_prefix + self.window_size ** 2}
+        return {
+            "N": self.seq_len(grid),
+            "C": self.dim,
+            "h": self.num_heads,
+            "M": self.window_size,
+            "P": self.num_prefix,
+            "nW": num_windows(grid, self.window_size),
+            "T": self.num_prefix + self.window_size**2,
+        }

@@ -345,8 +345,9 @@ class WindowCore(torch.autograd.Function):
         return (slots.tokens_of(d_qkv, d_prefix, mean=False), None, None, d_bias.to(ctx.bias_dtype), None, None, None, None)
 
 
-def _window_backward(q: Tensor, k: Tensor, v: Tensor, d_o: Tensor, p: Tensor, heads: int, scale: float,
-                     d_bias: Tensor) -> list[Tensor]:
+def _window_backward(
+    q: Tensor, k: Tensor, v: Tensor, d_o: Tensor, p: Tensor, heads: int, scale: float, d_bias: Tensor
+) -> list[Tensor]:
     """``[dQ, dK, dV]`` ``[r·h, T, d]`` of a block of windows (adds the bias gradient to ``d_bias[h, T, T]``).
 
     Args:

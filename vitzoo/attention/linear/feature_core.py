@@ -154,7 +154,9 @@ def _output_dots(ctx, grad: Tensor, heads: int) -> Optional[Tensor]:
     return dots.transpose(1, 2).unsqueeze(-1)  # [B, N, h] -> [B, h, N, 1]
 
 
-def _prepare(kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+def _prepare(
+    kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype
+) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """A chunk of q or k ``[b, h, N, d]`` as the feature map takes it: ``x`` itself in ``acc`` (``"exp"``, whose
     1/d^¼ :func:`_features` folds into ω; read, never changed), contiguous copies in ``acc`` of ``s∘x/‖x‖``
     (``"fourier"``, also returning ``x/‖x‖`` and ``‖x‖``) or ``x`` (``"elu"``)."""
@@ -168,8 +170,17 @@ def _prepare(kind: str, x: Tensor, scale: Optional[Tensor], acc: torch.dtype) ->
     return xt, None, None
 
 
-def _input_grad(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Optional[Tensor], half: Optional[Tensor],
-                unit: Optional[Tensor], norm: Optional[Tensor], scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+def _input_grad(
+    kind: str,
+    grad_phi: Tensor,
+    phi: Tensor,
+    x: Tensor,
+    omega: Optional[Tensor],
+    half: Optional[Tensor],
+    unit: Optional[Tensor],
+    norm: Optional[Tensor],
+    scale: Optional[Tensor],
+) -> tuple[Tensor, Optional[Tensor]]:
     """``∂L/∂x`` ``[b, n, h, d]`` (token-major, as stored in ``∂L/∂qkv``) and ``∂L/∂s`` of queries or keys
     from ``∂L/∂φ``: :func:`_features_backward` then :func:`_prepare_backward`."""
     grad_x = _features_backward(kind, grad_phi, phi, x, omega, half)
@@ -177,8 +188,9 @@ def _input_grad(kind: str, grad_phi: Tensor, phi: Tensor, x: Tensor, omega: Opti
     return grad_x.transpose(1, 2), grad_scale
 
 
-def _prepare_backward(kind: str, grad: Tensor, unit: Optional[Tensor], norm: Optional[Tensor],
-                      scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
+def _prepare_backward(
+    kind: str, grad: Tensor, unit: Optional[Tensor], norm: Optional[Tensor], scale: Optional[Tensor]
+) -> tuple[Tensor, Optional[Tensor]]:
     """``∂L/∂x`` of :func:`_prepare` from ``∂L/∂x̃`` (overwritten), and ``∂L/∂s`` ``[h, 1, d]`` for ``"fourier"``."""
     if kind == "fourier":
         grad_scale = (grad * unit).sum(dim=(0, 2)).unsqueeze(1)  # Σ over images and tokens [h, 1, d]
@@ -195,8 +207,16 @@ class FeatureAttentionCore(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
-                eps: Optional[float], factor: float) -> Tensor:
+    def forward(
+        ctx,
+        kind: str,
+        qkv: Tensor,
+        heads: int,
+        omega: Optional[Tensor],
+        scale: Optional[Tensor],
+        eps: Optional[float],
+        factor: float,
+    ) -> Tensor:
         with torch.autocast(qkv.device.type, enabled=False):
             out, kvz, shift_q, shift_k, den = feature_core_forward(kind, qkv, heads, omega, scale, eps, factor)
         ctx.kind, ctx.heads, ctx.eps, ctx.factor = kind, heads, eps, factor
@@ -213,8 +233,9 @@ class FeatureAttentionCore(torch.autograd.Function):
         kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
         dots = _output_dots(ctx, grad, heads)  # [B, h, N, 1] g·out, or None: φ(Q)[kv | z] recomputed
         if feature_kernel.usable(kind, qkv, omega, scale):  # compiled; either forward's results
-            grad_qkv, grad_scale = feature_kernel.backward(kind, qkv, heads, omega, scale, eps, factor,
-                                                            (kvz, shift_q, shift_k, den), grad, dots)
+            grad_qkv, grad_scale = feature_kernel.backward(
+                kind, qkv, heads, omega, scale, eps, factor, (kvz, shift_q, shift_k, den), grad, dots
+            )
             return None, grad_qkv, None, None, grad_scale, None, None
         B, N, C3 = qkv.shape
         d, acc = C3 // 3 // heads, kvz.dtype
@@ -244,8 +265,9 @@ class FeatureAttentionCore(torch.autograd.Function):
                     del g_o, dot
                     g = phi_q.transpose(-2, -1) @ grad_qkvz  # [b, h, m, d+1]
                     g_kvz = g if g_kvz is None else g_kvz.add_(g)
-                    g5[b, r, 0, j], gs = _input_grad(kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half,
-                                                     unit, norm, s)
+                    g5[b, r, 0, j], gs = _input_grad(
+                        kind, grad_qkvz @ kvz_c.transpose(-2, -1), phi_q, xq, w, half, unit, norm, s
+                    )
                     if gs is not None:
                         grad_scale[j] += gs
                     del xq, unit, norm, phi_q, den_raw, grad_qkvz  # freed before the next block's
@@ -258,8 +280,9 @@ class FeatureAttentionCore(torch.autograd.Function):
                     t = phi_k @ g_kvz  # [b, h, n, d+1]: ∂L/∂V, and the row sums of ∂L/∂φ(k)·φ(k) below
                     g5[b, r, 2, j] = t[..., :d].transpose(1, 2)
                     half = -(v1 * t).sum(dim=-1, keepdim=True) if kind == "exp" else None
-                    g5[b, r, 1, j], gs = _input_grad(kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half, unit,
-                                                     norm, s)
+                    g5[b, r, 1, j], gs = _input_grad(
+                        kind, v1 @ g_kvz.transpose(-2, -1), phi_k, xk, w, half, unit, norm, s
+                    )
                     if gs is not None:
                         grad_scale[j] += gs
                     del xk, unit, norm, phi_k, v1, t  # freed before the next block's
@@ -268,8 +291,15 @@ class FeatureAttentionCore(torch.autograd.Function):
         return None, grad_qkv, None, None, grad_scale, None, None
 
 
-def feature_core_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor], scale: Optional[Tensor],
-                   eps: Optional[float], factor: float) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+def feature_core_forward(
+    kind: str,
+    qkv: Tensor,
+    heads: int,
+    omega: Optional[Tensor],
+    scale: Optional[Tensor],
+    eps: Optional[float],
+    factor: float,
+) -> tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """Forward without autograd: ``out`` ``[B, N, C]`` and what backward needs.
 
     Args: as :func:`feature_attention_qkv`.
@@ -314,8 +344,15 @@ def feature_core_forward(kind: str, qkv: Tensor, heads: int, omega: Optional[Ten
     return out, kvz, shifts[0], shifts[1], den
 
 
-def feature_attention_qkv(kind: str, qkv: Tensor, heads: int, omega: Optional[Tensor] = None,
-                         scale: Optional[Tensor] = None, eps: Optional[float] = None, factor: float = 1.0) -> Tensor:
+def feature_attention_qkv(
+    kind: str,
+    qkv: Tensor,
+    heads: int,
+    omega: Optional[Tensor] = None,
+    scale: Optional[Tensor] = None,
+    eps: Optional[float] = None,
+    factor: float = 1.0,
+) -> Tensor:
     """``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` per head, from the fused projection to the merged heads.
 
     Features and sums are computed in float32 (float64 stays float64) even under fp16/bf16 autocast:

@@ -152,8 +152,9 @@ class RandomFeatureAttention(QKVAttention):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         # fused: qkv [B, N, 3C] -> heads merged [B, N, C]; features recomputed in backward, not stored
         omega = self.features()  # the current draw (redraws happen between steps)
-        out = feature_attention_qkv(self.feature_kind, self.qkv(x), self.num_heads, omega, self.feature_scale(),
-                                   self.eps, self.feature_factor())
+        out = feature_attention_qkv(
+            self.feature_kind, self.qkv(x), self.num_heads, omega, self.feature_scale(), self.eps, self.feature_factor()
+        )
         return self.proj_drop(self.proj(out))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

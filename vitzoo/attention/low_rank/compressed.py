@@ -70,8 +70,10 @@ class CompressedAttention(TokenMixer):
     def check_divides(self, grid: Grid) -> None:
         H, W = grid
         r = self.reduction
-        check(self.cfg.pad or (H % r == 0 and W % r == 0),
-              f"attention.reduction={r} does not divide the {H}x{W} token grid; set attention.pad=true or pick a divisor")
+        check(
+            self.cfg.pad or (H % r == 0 and W % r == 0),
+            f"attention.reduction={r} does not divide the {H}x{W} token grid; set attention.pad=true or pick a divisor",
+        )
 
     def reduced_grid(self, grid: Grid) -> Grid:
         return tuple(-(-s // self.reduction) for s in grid)
@@ -84,7 +86,7 @@ class CompressedAttention(TokenMixer):
         B, _, C = x.shape
         H, W = grid
         hr, wr = self.reduced_grid(grid)
-        prefix, tokens = x[:, :self.num_prefix], x[:, self.num_prefix:]
+        prefix, tokens = x[:, : self.num_prefix], x[:, self.num_prefix :]
         img = tokens.transpose(1, 2).reshape(B, C, H, W)  # [B, C, H, W]
         img = F.pad(img, (0, wr * self.reduction - W, 0, hr * self.reduction - H))  # [B, C, H'r, W'r]
         reduced = self.norm(self.sr(img).flatten(2).transpose(1, 2))  # [B, H'·W', C]

@@ -32,6 +32,7 @@ are computed with it and their outputs replaced by the global rows. The tiles ru
 SDPA calls over chunks of tiles, ``[B, h·tiles, t²b², G + P + b²·((t + w - 1)² + t²r)]``; never
 ``[B, h, N, N]``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -108,14 +109,22 @@ class BigBirdAttention(SparsePatternAttention):
     def check_grid_fits(self, grid: Grid) -> None:
         """Block size, global blocks and random blocks must be in range for ``grid``."""
         b, (H, W) = self.cfg.block_size, grid
-        check(b <= min(grid), f"attention.block_size={b} is larger than the {H}x{W} token grid; "
-                              f"pick attention.block_size <= {min(grid)}")
+        check(
+            b <= min(grid),
+            f"attention.block_size={b} is larger than the {H}x{W} token grid; pick attention.block_size <= {min(grid)}",
+        )
         nb = block_count(grid, b)[0] * block_count(grid, b)[1]
         n_g, r = self.cfg.num_global_blocks, self.cfg.num_random
-        check(n_g <= nb - 1, f"attention.num_global_blocks={n_g} leaves no sparse block: the {H}x{W} grid has {nb} "
-                             f"blocks of {b}x{b}; pick 0..{nb - 1}")
-        check(r <= nb - n_g - 1, f"attention.num_random={r} exceeds the {nb - n_g - 1} non-global other blocks of the "
-                                 f"{H}x{W} grid in {b}x{b} blocks; pick 0..{nb - n_g - 1}")
+        check(
+            n_g <= nb - 1,
+            f"attention.num_global_blocks={n_g} leaves no sparse block: the {H}x{W} grid has {nb} "
+            f"blocks of {b}x{b}; pick 0..{nb - 1}",
+        )
+        check(
+            r <= nb - n_g - 1,
+            f"attention.num_random={r} exceeds the {nb - n_g - 1} non-global other blocks of the "
+            f"{H}x{W} grid in {b}x{b} blocks; pick 0..{nb - n_g - 1}",
+        )
 
     def window_at(self, grid: Grid) -> Grid:
         """Block-neighbourhood side per axis at ``grid`` (clamped to the block grid)."""
@@ -138,7 +147,7 @@ class BigBirdAttention(SparsePatternAttention):
                 taken[glob] = True
                 free = (~taken).nonzero().flatten()
                 pick = free[torch.randperm(free.numel(), generator=gen)[:r]]
-                out[head, qb, :pick.numel()] = pick
+                out[head, qb, : pick.numel()] = pick
         return out
 
     def random_at(self, grid: Grid) -> Tensor:
@@ -162,7 +171,9 @@ class BigBirdAttention(SparsePatternAttention):
         (mh, th), (mw, tw) = rows_t.shape, cols_t.shape
         tiles = rows_t[:, None, :, None] * blocks[1] + cols_t[None, :, None, :]  # [m_H, m_W, t_H, t_W]
         halo = rows_h[:, None, :, None] * blocks[1] + cols_h[None, :, None, :]  # [m_H, m_W, hb_H, hb_W]
-        inside = rows_in[:, None, :, None, :, None] & cols_in[None, :, None, :, None, :]  # [m_H, m_W, t_H, t_W, hb_H, hb_W]
+        inside = (
+            rows_in[:, None, :, None, :, None] & cols_in[None, :, None, :, None, :]
+        )  # [m_H, m_W, t_H, t_W, hb_H, hb_W]
         return tiles.reshape(mh * mw, th * tw), halo.reshape(mh * mw, -1), inside.reshape(mh * mw, th * tw, -1)
 
     def build_pattern(self, grid: Grid) -> SparsePattern:
@@ -187,8 +198,10 @@ class BigBirdAttention(SparsePatternAttention):
         rand_ok = (rand >= 0) & ~is_global[rand.clamp(min=0)]  # global blocks are attended as global keys
         own = torch.eye(T, dtype=torch.bool)[:, :, None]  # [T, T, 1]: block j sees the random slots of block j
         slots = torch.cat([halo.expand(h, -1, -1), rand.clamp(min=0).flatten(2)], dim=2)  # [h, Q, T_h + T·r] block ids
-        seen = torch.cat([(inside & ~is_global[halo][:, None, :]).expand(h, -1, -1, -1),
-                          (own & rand_ok[:, :, None]).flatten(3)], dim=3)  # [h, Q, T, T_h + T·r]
+        seen = torch.cat(
+            [(inside & ~is_global[halo][:, None, :]).expand(h, -1, -1, -1), (own & rand_ok[:, :, None]).flatten(3)],
+            dim=3,
+        )  # [h, Q, T, T_h + T·r]
         tokens = block_tokens(grid, b)  # [nb, b²]
         real = ((torch.arange(Hp)[:, None] < H) & (torch.arange(Wp)[None, :] < W)).flatten()  # [L']
         keys = tokens[slots].flatten(2)  # [h, Q, T_h + T·r, b²] -> [h, Q, K] padded ids
@@ -232,13 +245,23 @@ class BigBirdAttention(SparsePatternAttention):
         grid = grid or self.grid
         pat = self.pattern_at(grid)
         tiles, halo, _ = self.tile_at(grid)
-        return {**super().symbols(grid), "N": self.seq_len(grid), "n_t": pat.group_shape()[0], "t²": tiles.shape[1],
-                "h_t": halo.shape[1], "b": self.cfg.block_size, "r": self.cfg.num_random, "G": pat.num_global_grid}
+        return {
+            **super().symbols(grid),
+            "N": self.seq_len(grid),
+            "n_t": pat.group_shape()[0],
+            "t²": tiles.shape[1],
+            "h_t": halo.shape[1],
+            "b": self.cfg.block_size,
+            "r": self.cfg.num_random,
+            "G": pat.num_global_grid,
+        }
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, block_size={self.cfg.block_size}, window_blocks={self.window_at(self.grid)}, "
-                f"num_global_blocks={self.cfg.num_global_blocks}, num_random={self.cfg.num_random}, "
-                f"tile_blocks={self.cfg.tile_blocks}")
+        return (
+            f"{super().extra_repr()}, block_size={self.cfg.block_size}, window_blocks={self.window_at(self.grid)}, "
+            f"num_global_blocks={self.cfg.num_global_blocks}, num_random={self.cfg.num_random}, "
+            f"tile_blocks={self.cfg.tile_blocks}"
+        )
 
 
 def _rebuild_after_load(module: "BigBirdAttention", incompatible_keys) -> None:

@@ -138,10 +138,14 @@ class HaloGroup(nn.Module):
         self.register_buffer("rel", rel, persistent=False)
         W = grid[1]
         q_ids = rows_q[:, None, :, None] * W + cols_q[None, :, None, :]  # [m_H, m_W, b_H, b_W] raster ids
-        k_ids = rows_k.clamp(min=0)[:, None, :, None] * W + cols_k.clamp(min=0)[None, :, None, :]  # [m_H, m_W, hb_H, hb_W]
+        k_ids = (
+            rows_k.clamp(min=0)[:, None, :, None] * W + cols_k.clamp(min=0)[None, :, None, :]
+        )  # [m_H, m_W, hb_H, hb_W]
         row_blk, row_slot = rows_inv // bh, rows_inv % bh  # [H] block row and slot row of each row's output
         col_blk, col_slot = cols_inv // bw, cols_inv % bw  # [W]
-        out_ids = ((row_blk[:, None] * mw + col_blk[None, :]) * bh + row_slot[:, None]) * bw + col_slot[None, :]  # [H, W]
+        out_ids = ((row_blk[:, None] * mw + col_blk[None, :]) * bh + row_slot[:, None]) * bw + col_slot[
+            None, :
+        ]  # [H, W]
         self.register_buffer("q_ids", q_ids.flatten(), persistent=False)  # [blocks·S]
         self.register_buffer("k_ids", k_ids.flatten(), persistent=False)  # [blocks·K]
         self.register_buffer("out_ids", out_ids.flatten(), persistent=False)  # [H·W] slot in blocks·S
@@ -155,8 +159,17 @@ class HaloGroup(nn.Module):
         return self.mask.shape[2]
 
 
-def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor,
-                   scale: float, drop: Optional[nn.Module] = None, bias: Optional[Tensor] = None) -> Tensor:
+def halo_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group: HaloGroup,
+    k_glob: Tensor,
+    v_glob: Tensor,
+    scale: float,
+    drop: Optional[nn.Module] = None,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
     """Softmax attention of each query block over its halo (masked to each query's keys) plus the global keys.
 
     Without a bias the blocks run as fused SDPA calls that backward recomputes
@@ -179,12 +192,31 @@ def halo_attention(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Te
         return halo_scores(q, k, v, group, k_glob, v_glob, scale, drop, bias)
     p_drop = drop.p if drop is not None and drop.training else 0.0
     (nb, S, K), G = group.mask.shape, k_glob.shape[2]
-    return block_attention(q, k, v, group.q_ids.view(nb, S), group.k_ids.view(nb, K), global_mask(group.mask, G),
-                           scale, p_drop, *((k_glob, v_glob) if G else (None, None)), out_ids=group.out_ids)
+    return block_attention(
+        q,
+        k,
+        v,
+        group.q_ids.view(nb, S),
+        group.k_ids.view(nb, K),
+        global_mask(group.mask, G),
+        scale,
+        p_drop,
+        *((k_glob, v_glob) if G else (None, None)),
+        out_ids=group.out_ids,
+    )
 
 
-def halo_scores(q: Tensor, k: Tensor, v: Tensor, group: HaloGroup, k_glob: Tensor, v_glob: Tensor, scale: float,
-                drop: Optional[nn.Module], bias: Optional[Tensor]) -> Tensor:
+def halo_scores(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group: HaloGroup,
+    k_glob: Tensor,
+    v_glob: Tensor,
+    scale: float,
+    drop: Optional[nn.Module],
+    bias: Optional[Tensor],
+) -> Tensor:
     """:func:`halo_attention` with the scores written out and an additive ``bias[h, blocks, S, K]`` (same arguments)."""
     B, h, _, d = q.shape
     (nb, S, K), G = group.mask.shape, k_glob.shape[2]

@@ -31,7 +31,9 @@ class NeighbourhoodAttention(SparsePatternAttention):
         groups = []
         for heads, nbhd in self.head_patterns(grid):
             if heads:
-                groups.append(halo_group(heads, grid, nbhd, self.uses_offsets) if nbhd is not None else HeadGroup(heads))
+                groups.append(
+                    halo_group(heads, grid, nbhd, self.uses_offsets) if nbhd is not None else HeadGroup(heads)
+                )
         return SparsePattern(grid, groups)
 
     def flex_grid_mod(self, grid: Grid, device: Any) -> flex.GridMod:
@@ -40,8 +42,11 @@ class NeighbourhoodAttention(SparsePatternAttention):
 
     def grid_mask(self, grid: Grid) -> Tensor:
         L = grid[0] * grid[1]
-        masks = [(nbhd.mask(grid) if nbhd is not None else torch.ones(L, L, dtype=torch.bool)).expand(heads, L, L)
-                 for heads, nbhd in self.head_patterns(grid) if heads]
+        masks = [
+            (nbhd.mask(grid) if nbhd is not None else torch.ones(L, L, dtype=torch.bool)).expand(heads, L, L)
+            for heads, nbhd in self.head_patterns(grid)
+            if heads
+        ]
         return torch.cat(masks, dim=0)  # [h, L, L]
 
     def halo_symbols(self, grid: Optional[Grid], nbhd: Neighbourhood, tag: str) -> dict[str, int]:

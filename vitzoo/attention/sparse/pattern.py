@@ -214,8 +214,11 @@ class SparsePatternAttention(QKVAttention):
             hs = slice(h0, h0 + group.heads)
             h0 += group.heads
             if isinstance(group, HaloGroup):  # neighbourhood heads: blocked attention over halos
-                outs.append(halo_attention(q_g, k_g, v_g, group, kg_g, vg_g, self.scale, self.attn_drop,
-                                           self.halo_bias(group, hs)).unsqueeze(3))
+                outs.append(
+                    halo_attention(
+                        q_g, k_g, v_g, group, kg_g, vg_g, self.scale, self.attn_drop, self.halo_bias(group, hs)
+                    ).unsqueeze(3)
+                )
             elif group.keys is None:  # dense heads: every grid query over every key
                 outs.append(sdpa(q_g, ka_g, va_g, dropout_p=p_drop).unsqueeze(3))
             else:
@@ -252,7 +255,9 @@ class SparsePatternAttention(QKVAttention):
         """Grid ``q[B, h, L, d]`` of one gathered head group over its keys in ``k_all, v_all[B, h, P + g + L, d]``
         -> ``[B, h, Q, S, d]``: each query group's S queries over its K keys, in fused calls."""
         p_drop = self.attn_drop.p if self.training else 0.0
-        out = block_attention(q, k_all, v_all, pat.query_rows, group.keys, group.mask, self.scale, p_drop)  # [B, h, Q·S, d]
+        out = block_attention(
+            q, k_all, v_all, pat.query_rows, group.keys, group.mask, self.scale, p_drop
+        )  # [B, h, Q·S, d]
         return out.unflatten(2, pat.group_shape())
 
     def attend_flops(self, grid: Grid) -> int:
@@ -293,7 +298,7 @@ class SparsePatternAttention(QKVAttention):
         P, g, L = self.num_prefix, self.num_learned, grid[0] * grid[1]
         inner = self.grid_mask(grid)  # [h or 1, L, L]
         mask = torch.ones(inner.shape[0], P + L, P + g + L, dtype=torch.bool)
-        mask[:, P:, P + g:] = inner  # prefix rows and prefix/learned columns stay True: global
+        mask[:, P:, P + g :] = inner  # prefix rows and prefix/learned columns stay True: global
         return mask
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
@@ -312,7 +317,7 @@ class SparsePatternAttention(QKVAttention):
         bias, inner = None, self.grid_bias(grid)
         if inner is not None:
             bias = inner.new_zeros(inner.shape[0], q.shape[2], k.shape[2])  # [h, P + L, P + g + L]
-            bias[:, P:, P + g:] = inner
+            bias[:, P:, P + g :] = inner
         out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device), bias=bias)
         return self.merge_heads(out)
 
