@@ -137,7 +137,11 @@ def test_private_modules_are_imported_only_inside_their_package():
 def edits_sys_path(source: str) -> bool:
     """True when ``source`` calls a method of ``sys.path`` (insert, append, …) or assigns to it."""
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) == "sys.path":
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and ast.unparse(node.func.value) == "sys.path"
+        ):
             return True
         if isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]

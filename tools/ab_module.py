@@ -9,7 +9,8 @@ the input gradient (layer) or of the parameter gradients (model), the median tim
 ratio per block pair (the machine's drift cancels in a ratio measured this way).
 
     python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.sparse.gather --attention bigbird --tokens 4096
-    python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.dense.window_core --model swin_cifar --attention window
+    python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.dense.window_core \
+        --model swin_cifar --attention window
 """
 
 from __future__ import annotations

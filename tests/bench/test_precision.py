@@ -242,7 +242,8 @@ def test_bf16_mixed_training_run_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_compile_option_trains_and_keeps_plain_keys(tmp_path):
-    """``compile=true`` (~60 s on 2 cores): the steps run compiled; checkpoint and export keys have no ``_orig_mod.``."""
+    """``compile=true`` (~60 s on 2 cores): the steps run compiled;
+    checkpoint and export keys have no ``_orig_mod.``."""
     from safetensors.torch import load_file
 
     results, module = short_run(tmp_path, "global", "compile=true")

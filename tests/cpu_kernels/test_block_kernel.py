@@ -2,9 +2,11 @@
 of :func:`vitzoo.attention.sparse.gather.block_attention`.
 
 The dense masked references of every sparse backend run through the kernel in tests/attention/test_registry.py and
-tests/attention/sparse/test_sparse_patterns.py; here the kernel and the PyTorch path (no shared code past the arguments) get
+tests/attention/sparse/test_sparse_patterns.py; here the kernel and the PyTorch path
+(no shared code past the arguments) get
 the same odd shapes: head dims and key counts that are not multiples of a vector, one mask row per block,
-per-head key ids, global keys, output rows that drop slots. The build and its fallback: tests/cpu_kernels/test_cpu_kernels.py.
+per-head key ids, global keys, output rows that drop slots.
+The build and its fallback: tests/cpu_kernels/test_cpu_kernels.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""vitzoo's compiled CPU kernels (vitzoo/cpu_kernels/loader.py, vitzoo/cpu_kernels/csrc/*.cpp): every kernel builds where
+"""vitzoo's compiled CPU kernels (vitzoo/cpu_kernels/loader.py, vitzoo/cpu_kernels/csrc/*.cpp):
+every kernel builds where
 CI runs, each is wired to a module, and a failed build warns once and leaves the PyTorch path running.
 
 The kernels' numbers: tests/cpu_kernels/test_block_kernel.py and test_feature_kernel.py."""

@@ -2,7 +2,8 @@
 of :mod:`vitzoo.attention.linear.feature_core`: performer's ``"exp"`` map and rfa's ``"fourier"`` map.
 
 The per-head references (``favor_features``, ``fourier_features`` and the explicit kernel matrix) run through the
-kernel in tests/attention/linear/test_feature_map_attention.py and tests/attention/test_registry.py; here the kernel and the PyTorch path (no
+kernel in tests/attention/linear/test_feature_map_attention.py and tests/attention/test_registry.py;
+here the kernel and the PyTorch path (no
 shared code past the arguments) get odd shapes: head dims and feature counts that are not multiples of a vector,
 token counts that leave a partial block of 64, keys whose largest exponent grows from block to block (the running
 maximum rescales the sums), no normaliser floor, a constant factor, and an output changed in place (backward

@@ -98,7 +98,8 @@ def test_timm_source_offline_is_one_line_error(monkeypatch):
 
 
 def test_vit_resampled_to_another_size_and_patch_matches_timm(tmp_path):
-    """48 px with patch 4 (12x12 tokens) from a 32 px (8x8) file, and patch 8 from patch 4: timm's filter does the same."""
+    """48 px with patch 4 (12x12 tokens) from a 32 px (8x8) file, and patch 8 from patch 4:
+    timm's filter does the same."""
     torch.manual_seed(0)
     path = save_timm(timm_vit.VisionTransformer(img_size=32, **SMALL_VIT), tmp_path / "vit.pth")
     state = torch.load(path, weights_only=True)

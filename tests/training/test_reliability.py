@@ -85,7 +85,8 @@ def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path):
     assert final["global_step"] == EPOCHS * STEPS_PER_EPOCH
     log = pd.read_csv(run_dir / "csv" / "metrics.csv")  # appended across the resume (old columns kept)
     assert log["train/loss_step"].notna().sum() >= EPOCHS * STEPS_PER_EPOCH
-    assert set(log.loc[log["val/acc"].notna(), "epoch"]) >= set(range(EPOCHS))  # (+ the final best-checkpoint validation)
+    # (+ the final best-checkpoint validation)
+    assert set(log.loc[log["val/acc"].notna(), "epoch"]) >= set(range(EPOCHS))
 
 
 @pytest.mark.slow

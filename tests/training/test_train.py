@@ -167,10 +167,13 @@ def digits_tensors(img_size=16):
 
     dm = DigitsDataModule(name="digits", img_size=img_size, num_classes=10, flip=False, augment=False)
     dm.setup()
-    stack = lambda ds: (
-        torch.stack([ds[i][0] for i in range(len(ds))]),
-        torch.tensor([ds[i][1] for i in range(len(ds))]),
-    )  # noqa: E731
+
+    def stack(ds):
+        return (
+            torch.stack([ds[i][0] for i in range(len(ds))]),
+            torch.tensor([ds[i][1] for i in range(len(ds))]),
+        )
+
     return stack(dm.train_set), stack(dm.val_set)
 
 

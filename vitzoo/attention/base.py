@@ -182,7 +182,10 @@ class TokenMixer(nn.Module):
         return self.proj_drop(self.proj(o))
 
     def extra_repr(self) -> str:
-        return f"{self.registry_name}, dim={self.dim}, heads={self.num_heads}, grid={self.grid}, prefix={self.num_prefix}"
+        return (
+            f"{self.registry_name}, dim={self.dim}, heads={self.num_heads}, "
+            f"grid={self.grid}, prefix={self.num_prefix}"
+        )
 
 
 class QKVAttention(TokenMixer):

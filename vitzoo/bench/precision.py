@@ -3,7 +3,8 @@
 The modes of one (model, backend) pair are measured in one process, interleaved: after each mode's
 warm-up (which includes compilation), ``rounds`` blocks of ``steps`` timed training steps run in
 alternating order (fp32, bf16-mixed, compile, then reversed: :func:`vitzoo.bench.timing.time_fns`)
-so that a change in machine load hits every mode alike; a mode's figure is the median over its blocks. ``scripts/precision_table.py`` is the CLI.
+so that a change in machine load hits every mode alike; a mode's figure is the median over its blocks.
+``scripts/precision_table.py`` is the CLI.
 """
 
 from __future__ import annotations

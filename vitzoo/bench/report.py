@@ -327,7 +327,8 @@ def _report_head(env: Mapping[str, Any]) -> str:
         f"device **{env['device']}** ({env.get('gpu') or env['cpu_model']}), torch {env['torch']}, "
         f"{env['torch_threads']} threads, load average {env['load_average']} → {env.get('load_average_end')}, "
         f"amp {env['options']['amp']}, compile {env['options']['compile']}, dense matmul peak "
-        f"{env.get('matmul_peak_gmacs_s')} GMACs/s (MFU = analytic MACs × 3 for fwd+bwd ÷ time ÷ peak). Numbers are medians over "
+        f"{env.get('matmul_peak_gmacs_s')} GMACs/s (MFU = analytic MACs × 3 for fwd+bwd ÷ time ÷ peak). "
+        "Numbers are medians over "
         f"repeats (min–max in brackets), warm-up excluded. Peak memory: {env['memory_method']}.\n"
     )
 

@@ -148,7 +148,8 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
     out = Path(opts.out or ROOT / "outputs" / "benchmark" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     env = _environment(opts, device, backends, mem_limit)
-    # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine) and cached for training runs
+    # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine)
+    # and cached for training runs
     peak = matmul_peak(device, precision_dtype(opts.amp), refresh=True)
     env["matmul_peak_gmacs_s"] = peak / 1e9
     log(

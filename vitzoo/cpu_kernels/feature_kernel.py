@@ -1,4 +1,5 @@
-"""The compiled CPU kernel of :mod:`vitzoo.attention.linear.feature_core`'s random features, ``csrc/feature_attention.cpp``:
+"""The compiled CPU kernel of :mod:`vitzoo.attention.linear.feature_core`'s random features,
+``csrc/feature_attention.cpp``:
 the ``"exp"`` map (performer's FAVOR+) and the ``"fourier"`` map (rfa).
 
 Papers: Choromanski et al., "Rethinking Attention with Performers", ICLR 2021, https://arxiv.org/abs/2009.14794;

@@ -83,7 +83,8 @@ def read_rgb(path: str) -> Any:
 
 
 def image_folder(folder: Path) -> Any:
-    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb`); one-line errors naming data.root."""
+    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb`);
+    one-line errors naming data.root."""
     from torchvision.datasets import ImageFolder
 
     try:

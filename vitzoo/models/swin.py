@@ -51,12 +51,14 @@ class SwinConfig:
               f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
         check(
             len(self.depths) == len(self.num_heads),
-            f"model.depths ({len(self.depths)} stages) and model.num_heads ({len(self.num_heads)}) must have the same length",
+            f"model.depths ({len(self.depths)} stages) and model.num_heads ({len(self.num_heads)}) "
+            "must have the same length",
         )
         for i, h in enumerate(self.num_heads):
             check(
                 (self.embed_dim * 2**i) % h == 0,
-                f"model.num_heads[{i}]={h} must divide stage {i} channels {self.embed_dim * 2**i} (model.embed_dim·2^{i})",
+                f"model.num_heads[{i}]={h} must divide stage {i} channels {self.embed_dim * 2**i} "
+                f"(model.embed_dim·2^{i})",
             )
 
 
@@ -97,7 +99,8 @@ class PatchMerging(nn.Module):
 
 
 class SwinStage(nn.Module):
-    """Blocks at one resolution (odd blocks built ``shifted``: SW-MSA with window attention), then optional patch merging."""
+    """Blocks at one resolution (odd blocks built ``shifted``: SW-MSA with window attention),
+    then optional patch merging."""
 
     def __init__(
         self,

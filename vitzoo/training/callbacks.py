@@ -1,4 +1,5 @@
-"""Callbacks: training throughput and an EMA of the weights (Lightning), a sweep summary at the end of a multirun (Hydra)."""
+"""Callbacks: training throughput and an EMA of the weights (Lightning),
+a sweep summary at the end of a multirun (Hydra)."""
 
 from __future__ import annotations
 

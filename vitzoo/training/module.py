@@ -48,7 +48,8 @@ NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # besides biases and norms (1-d), 
 
 
 def warmup_steps(o: OptimConfig, total: int, max_epochs: Optional[int]) -> int:
-    """Warm-up length in steps: ``warmup_fraction`` of ``total`` if set, else ``warmup_epochs`` (at most half of ``total``).
+    """Warm-up length in steps: ``warmup_fraction`` of ``total`` if set,
+    else ``warmup_epochs`` (at most half of ``total``).
 
     Args:
         o: the optim options.

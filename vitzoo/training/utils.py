@@ -114,7 +114,8 @@ def run_entry(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
 
 
 def read_checkpoint(path: Any) -> dict[str, Any]:
-    """Load a vitzoo training checkpoint (CPU, ``weights_only``), or raise a one-line ConfigError naming ``ckpt_path``."""
+    """Load a vitzoo training checkpoint (CPU, ``weights_only``),
+    or raise a one-line ConfigError naming ``ckpt_path``."""
     if path is None or str(path) in ("", "???"):
         raise ConfigError("ckpt_path is required: python eval.py ckpt_path=<run>/checkpoints/<file>.ckpt")
     p = Path(str(path)).expanduser()

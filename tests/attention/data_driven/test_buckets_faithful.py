@@ -70,7 +70,8 @@ def test_routing_only_local_heads_matches_reference():
 
 
 def sinkhorn_blocks(attn, x: torch.Tensor, same_heads: bool = False):
-    """Query and key blocks ``[B, h, 8, 8, d]`` of an 8x8 grid (with a class token); optionally head 0's in every head."""
+    """Query and key blocks ``[B, h, 8, 8, d]`` of an 8x8 grid (with a class token);
+    optionally head 0's in every head."""
     q, k, _ = attn.split_heads(x)
     qb, kb = q[:, :, 1:].unflatten(2, (8, 8)), k[:, :, 1:].unflatten(2, (8, 8))
     if same_heads:

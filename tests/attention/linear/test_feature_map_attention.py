@@ -141,7 +141,9 @@ def test_linformer_interpolate_runs_at_another_grid(grid):
     assert measured == attn.flops(grid)
 
 
-@pytest.mark.parametrize("sharing,shape", [("none", (2, 4, 65, 32)), ("headwise", (2, 1, 65, 32)), ("kv", (1, 1, 65, 32))])
+@pytest.mark.parametrize(
+    "sharing,shape", [("none", (2, 4, 65, 32)), ("headwise", (2, 1, 65, 32)), ("kv", (1, 1, 65, 32))]
+)
 def test_linformer_sharing(sharing, shape):
     torch.manual_seed(0)
     attn = make_attention("linformer", (8, 8), 1, sharing=sharing).double().eval()

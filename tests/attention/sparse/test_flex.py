@@ -125,5 +125,8 @@ def test_flex_where_it_cannot_run_is_a_one_line_error(one_thread):
 
 
 def test_flops_do_not_depend_on_impl():
-    blocked, flex = make_attention("bigbird", (8, 8), 1, impl="blocked"), make_attention("bigbird", (8, 8), 1, impl="flex")
+    blocked, flex = (
+        make_attention("bigbird", (8, 8), 1, impl="blocked"),
+        make_attention("bigbird", (8, 8), 1, impl="flex"),
+    )
     assert blocked.flops((8, 8)) == flex.flops((8, 8))

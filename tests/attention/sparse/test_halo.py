@@ -1,7 +1,8 @@
 """Blocked (halo) neighbourhood attention and global tokens that read the sequence.
 
 The float64 agreement of every sparse backend with its dense masked reference is in
-tests/attention/test_registry.py and tests/attention/sparse/test_sparse_patterns.py; here: the per-axis plans against the
+tests/attention/test_registry.py and tests/attention/sparse/test_sparse_patterns.py;
+here: the per-axis plans against the
 range-test masks of :func:`axis_mask`, block and halo sizes, which outputs depend on which inputs.
 """
 

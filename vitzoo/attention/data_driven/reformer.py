@@ -150,7 +150,8 @@ class ReformerAttention(BucketAttention):
         R = buckets.shape[2]
         codes = gather_tokens(buckets.transpose(-2, -1), order).unflatten(-2, (-1, c))  # [B, h, R, nc, c, R] all rounds
         keys = look_back(codes, dim=-3, fill=-1)  # [B, h, R, nc, 2c, R], -1 = no key
-        shared = torch.zeros(keys.shape[:-2] + (c, 2 * c), dtype=torch.uint8, device=codes.device)  # [B, h, R, nc, c, 2c]
+        # [B, h, R, nc, c, 2c]
+        shared = torch.zeros(keys.shape[:-2] + (c, 2 * c), dtype=torch.uint8, device=codes.device)
         for r in range(R):  # rounds in which query and key share a bucket (one byte per pair, not R)
             shared += codes[..., r].unsqueeze(-1) == keys[..., r].unsqueeze(-2)
         bq = codes.diagonal(dim1=2, dim2=-1).movedim(-1, 2)  # [B, h, R, nc, c] bucket in the chunk's own round

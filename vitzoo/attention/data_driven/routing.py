@@ -161,7 +161,8 @@ class RoutingAttention(BucketAttention):
         """EMA k-means step: ``x[B, h_r, T, d]`` unit vectors, ``aff[B, h_r, T, K]`` their centroid scores."""
         B, h, _, d = x.shape
         assign = aff.argmax(dim=-1)  # [B, h_r, T] nearest centroid
-        x = x.to(self.centroids.dtype)  # sums of up to B·T members in the buffer's dtype (float32), not the autocast one
+        # sums of up to B·T members in the buffer's dtype (float32), not the autocast one
+        x = x.to(self.centroids.dtype)
         sums = x.new_zeros(B, h, self.num_clusters, d).scatter_add(2, assign.unsqueeze(-1).expand(-1, -1, -1, d), x)
         counts = x.new_zeros(B, h, self.num_clusters).scatter_add(2, assign, torch.ones_like(assign, dtype=x.dtype))
         sums, counts = sums.sum(0), counts.sum(0).unsqueeze(-1)  # [h_r, K, d], [h_r, K, 1]

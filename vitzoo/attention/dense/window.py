@@ -188,7 +188,8 @@ class WindowAttention(QKVAttention):
         The q/k/v projection takes the tokens in their order (it saves ``x`` itself for its weight
         gradient) and the output projection the windows' outputs back in token order. On the CPU without
         attention dropout (training, or inference of enough windows: eager)
-        :func:`~vitzoo.attention.dense.window_core.window_core` reads the windows' q/k/v block by block; elsewhere (CUDA,
+        :func:`~vitzoo.attention.dense.window_core.window_core` reads the windows' q/k/v block by block;
+        elsewhere (CUDA,
         dropout, tracing, compiling, small inference calls) :meth:`attend_windows` does it with SDPA.
         """
         own = tuple(grid) == self.grid

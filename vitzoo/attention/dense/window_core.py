@@ -342,7 +342,9 @@ class WindowCore(torch.autograd.Function):
                 rows = stats[win.start * heads:win.stop * heads]
                 p = rows if ctx.keep else _scores(q, k, base, win, ctx.scale).sub_(rows).exp2_()  # probabilities
                 slots.write(d_qkv, d_prefix, win, _window_backward(q, k, v, d_o, p, heads, ctx.scale, d_bias), heads)
-        return (slots.tokens_of(d_qkv, d_prefix, mean=False), None, None, d_bias.to(ctx.bias_dtype), None, None, None, None)
+        return (
+            slots.tokens_of(d_qkv, d_prefix, mean=False), None, None, d_bias.to(ctx.bias_dtype), None, None, None, None
+        )
 
 
 def _window_backward(

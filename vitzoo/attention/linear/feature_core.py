@@ -135,7 +135,8 @@ def _normalise_backward(g_o: Tensor, dot: Tensor, den_raw: Tensor, eps: Optional
 
 
 def _output_dots(ctx, grad: Tensor, heads: int) -> Optional[Tensor]:
-    """``[B, h, N, 1]``: ``g·out`` per query and head from :class:`FeatureAttentionCore`'s output ``ctx.out``, which this releases.
+    """``[B, h, N, 1]``: ``g·out`` per query and head from :class:`FeatureAttentionCore`'s output ``ctx.out``,
+    which this releases.
 
     Backward then needs no ``φ(Q)[kv | z]`` (an ``N·m·(d+1)`` product per head). The output projection saves
     the same output for its weight gradient and frees it when its backward has run, before this one; held

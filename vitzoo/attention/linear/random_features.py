@@ -113,7 +113,8 @@ class RandomFeatureAttention(QKVAttention):
     ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` with the normaliser clamped to ``eps``. Subclasses implement
     :meth:`feature_map` (for :meth:`attend` and the reference) and name the same map for the fast
     :meth:`forward` (:attr:`feature_kind`, :meth:`feature_scale`, :meth:`feature_factor`; see
-    :mod:`vitzoo.attention.linear.feature_core`, which recomputes the features in backward), and set :attr:`features_per_row` (features φ makes from one row of ``ω``)
+    :mod:`vitzoo.attention.linear.feature_core`, which recomputes the features in backward),
+    and set :attr:`features_per_row` (features φ makes from one row of ``ω``)
     and :attr:`feature_symbol` (the name of m in :attr:`formula`).
 
     Args:

@@ -13,7 +13,8 @@ tokens are masked as keys and cropped). Each query block attends to
   query attends to them;
 * r random blocks, drawn once at construction for every head separately (as the paper does) from
   the blocks outside its window and the global blocks, by a generator seeded with the layer index,
-  and kept in the ``random_blocks`` buffer ``[h, blocks, r]`` (saved in checkpoints). A small grid may have fewer than r such blocks: then all of them are
+  and kept in the ``random_blocks`` buffer ``[h, blocks, r]`` (saved in checkpoints).
+  A small grid may have fewer than r such blocks: then all of them are
   used (on Swin's 4×4 stage the pattern is dense), as HF BigBird falls back to full attention.
   At a grid other than the construction grid the draw is redone with the same seed.
 
@@ -227,7 +228,8 @@ class BigBirdAttention(SparsePatternAttention):
         return flex.block_tables_mod(allowed.to(device), block_of.to(device))
 
     def block_tables(self, grid: Grid) -> tuple[Tensor, Tensor]:
-        """``allowed[h, nb, nb]`` (query block sees key block, per head) and ``block_of[L]`` (each grid token's block)."""
+        """``allowed[h, nb, nb]`` (query block sees key block, per head)
+        and ``block_of[L]`` (each grid token's block)."""
         b, (H, W) = self.cfg.block_size, grid
         blocks = block_count(grid, b)
         nb = blocks[0] * blocks[1]

@@ -43,7 +43,8 @@ def head_parts(t: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
 
 
 def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
-    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]`` (``t`` itself when P = 0: no copy in backward)."""
+    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]``
+    (``t`` itself when P = 0: no copy in backward)."""
     return (t[:, :, :0], t) if not prefix else t.split([prefix, t.shape[2] - prefix], dim=2)
 
 
@@ -57,19 +58,9 @@ GATHER_ELEMS = 1 << 16
 FORWARD_SCALE = 4
 
 
-def block_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_ids: Tensor,
-    k_ids: Tensor,
-    mask: Tensor,
-    scale: float,
-    p_drop: float = 0.0,
-    k_glob: Optional[Tensor] = None,
-    v_glob: Optional[Tensor] = None,
-    out_ids: Optional[Tensor] = None,
-) -> Tensor:
+def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tensor, mask: Tensor, scale: float,
+                    p_drop: float = 0.0, k_glob: Optional[Tensor] = None, v_glob: Optional[Tensor] = None,
+                    out_ids: Optional[Tensor] = None) -> Tensor:
     """Blocks of S queries, each over the global keys and its own gathered keys: fused SDPA, recomputed in backward.
 
     Block i's queries are ``q[..., q_ids[i], :]`` and its keys/values the G global ones followed by
@@ -102,9 +93,8 @@ def block_attention(
         same = all(t is None or t.dtype == q.dtype for t in (k, v, k_glob, v_glob))
         if q.device.type == "cpu" and p_drop == 0.0 and same and not torch.is_autocast_enabled("cpu"):
             return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
-        return checkpoint(
-            _block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop, use_reentrant=False
-        )
+        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
+                          use_reentrant=False)
     if p_drop == 0.0 and block_kernel.usable(q, k, v, k_glob, v_glob):  # inference
         return _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)[0]
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
@@ -127,12 +117,8 @@ def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     would read the view as if it were contiguous).
     """
     d = t.shape[-1]
-    if (
-        tracing()
-        or t.stride(-1) != 1
-        or any(s % d for s in t.stride()[:3])
-        or (torch.is_grad_enabled() and t.requires_grad)
-    ):
+    if (tracing() or t.stride(-1) != 1 or any(s % d for s in t.stride()[:3])
+            or (torch.is_grad_enabled() and t.requires_grad)):
         t = t.contiguous()
     s_b, s_c, s_l = (s // d for s in t.stride()[:3])
     rows = sum((n - 1) * s for n, s in zip(t.shape[:3], (s_b, s_c, s_l))) + 1
@@ -217,16 +203,8 @@ def _kv_grads(rows: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     return tuple(rows[:, :, :, i].permute(order) for i in range(2))
 
 
-def _add_kv_back(
-    rows: Tensor,
-    d_kg: Optional[Tensor],
-    d_vg: Optional[Tensor],
-    ids: Tensor,
-    heads: Optional[Tensor],
-    part: slice,
-    d_k: Tensor,
-    d_v: Tensor,
-) -> None:
+def _add_kv_back(rows: Tensor, d_kg: Optional[Tensor], d_vg: Optional[Tensor], ids: Tensor, heads: Optional[Tensor],
+                 part: slice, d_k: Tensor, d_v: Tensor) -> None:
     """Adds the key and value gradients ``d_k, d_v[B, c·m, G + X, d]`` of blocks ``part`` to the rows of
     :func:`_kv_grad_rows`' buffer they were gathered from; the first G (global keys) summed over blocks into
     ``d_kg, d_vg[B, c, G, d]``. ``heads``: the row offsets ``[c, 1, 1]`` of per-head ids (head·L), else None."""
@@ -259,32 +237,21 @@ def _slot_rows(out_ids: Tensor, slots: int) -> tuple[Tensor, Tensor]:
 
 
 def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
-    """Blocks ``part`` of ``mask`` (``[n, S or 1, K]`` shared or ``[c, n, S or 1, K]``) for c heads: ``[1, c·m, S or 1, K]``."""
+    """Blocks ``part`` of ``mask`` (``[n, S or 1, K]`` shared or ``[c, n, S or 1, K]``) for c heads:
+    ``[1, c·m, S or 1, K]``."""
     mask = mask[part].expand(c, -1, -1, -1) if mask.dim() == 3 else mask[:, part]
     return mask.flatten(0, 1)[None]
 
 
-def _block_sdpa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    k_glob: Optional[Tensor],
-    v_glob: Optional[Tensor],
-    q_ids: Tensor,
-    k_ids: Tensor,
-    mask: Tensor,
-    out_ids: Optional[Tensor],
-    scale: float,
-    p_drop: float,
-) -> Tensor:
+def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float, p_drop: float) -> Tensor:
     """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``."""
     B, c, _, d = q.shape
     outs = []
     keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
     for part in _chunks(q, k_ids, FORWARD_SCALE):
-        out = F.scaled_dot_product_attention(
-            _select(q, q_ids, part), *keys(part), attn_mask=_heads_mask(mask, part, c), dropout_p=p_drop, scale=scale
-        )  # [B, c·m, S, d]
+        out = F.scaled_dot_product_attention(_select(q, q_ids, part), *keys(part), attn_mask=_heads_mask(mask, part, c),
+                                             dropout_p=p_drop, scale=scale)  # [B, c·m, S, d]
         outs.append(out.view(B, c, -1, d))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
     return out if out_ids is None else select_rows(out, out_ids)
@@ -305,19 +272,8 @@ class _BlockSDPA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        k_glob: Optional[Tensor],
-        v_glob: Optional[Tensor],
-        q_ids: Tensor,
-        k_ids: Tensor,
-        mask: Tensor,
-        out_ids: Optional[Tensor],
-        scale: float,
-    ) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
+                q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
         ctx.kernel = block_kernel.usable(q, k, v, k_glob, v_glob)
         ctx.scale = scale
         if ctx.kernel:  # the compiled kernel (one task per image and head)
@@ -330,13 +286,8 @@ class _BlockSDPA(torch.autograd.Function):
         for part in _chunks(q, k_ids, FORWARD_SCALE):
             m = part.stop - part.start
             o, lse_part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                _select(q, q_ids, part),
-                *keys(part),
-                0.0,
-                False,
-                attn_mask=_heads_bias(mask, part, c, q.dtype),
-                scale=scale,
-            )  # [B, c·m, S, d], [B, c·m, S]
+                _select(q, q_ids, part), *keys(part), 0.0, False, attn_mask=_heads_bias(mask, part, c, q.dtype),
+                scale=scale)  # [B, c·m, S, d], [B, c·m, S]
             out[:, :, part] = o.view(B, c, m, S, d)
             lse[:, :, part] = lse_part.view(B, c, m, S)
         ctx.save_for_backward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, lse)
@@ -386,16 +337,8 @@ class _BlockSDPA(torch.autograd.Function):
         return d_q, d_k, d_v, d_kg, d_vg, None, None, None, None, None
 
 
-def _kernel_args(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    k_glob: Optional[Tensor],
-    v_glob: Optional[Tensor],
-    q_ids: Tensor,
-    k_ids: Tensor,
-    mask: Tensor,
-) -> tuple[Tensor, ...]:
+def _kernel_args(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                 k_ids: Tensor, mask: Tensor) -> tuple[Tensor, ...]:
     """:class:`_BlockSDPA`'s inputs as :func:`vitzoo.cpu_kernels.block_kernel.forward` takes them (empty global
     keys for None, ids ``[c or 1, n, K]``, the mask in the kernel's byte layout)."""
     B, c, _, d = q.shape
@@ -407,18 +350,8 @@ def _kernel_args(
     return q, k, v, empty if k_glob is None else k_glob, empty if v_glob is None else v_glob, q_ids, k_ids, keep
 
 
-def _kernel_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    k_glob: Optional[Tensor],
-    v_glob: Optional[Tensor],
-    q_ids: Tensor,
-    k_ids: Tensor,
-    mask: Tensor,
-    out_ids: Optional[Tensor],
-    scale: float,
-) -> tuple[Tensor, Tensor]:
+def _kernel_forward(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                    k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> tuple[Tensor, Tensor]:
     """:func:`block_attention` through the compiled kernel (same arguments): the output ``[B, c, L_out, d]`` and
     the log-sum-exp ``[B, c, n, S]``."""
     (B, c, _, d), (n, S) = q.shape, q_ids.shape

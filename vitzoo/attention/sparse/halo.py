@@ -126,7 +126,8 @@ class HaloGroup(nn.Module):
         self.heads = heads
         rows_q, rows_k, rows_mask, rows_inv = axis_plan(grid[0], kernel, dilation[0], border)
         cols_q, cols_k, cols_mask, cols_inv = axis_plan(grid[1], kernel, dilation[1], border)
-        mask = rows_mask[:, None, :, None, :, None] & cols_mask[None, :, None, :, None, :]  # [m_H, m_W, b_H, b_W, hb_H, hb_W]
+        # [m_H, m_W, b_H, b_W, hb_H, hb_W]
+        mask = rows_mask[:, None, :, None, :, None] & cols_mask[None, :, None, :, None, :]
         (mh, bh), (mw, bw) = rows_q.shape, cols_q.shape
         self.register_buffer("mask", mask.reshape(mh * mw, bh * bw, -1), persistent=False)  # [blocks, S, K]
         rel = None

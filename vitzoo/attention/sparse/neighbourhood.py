@@ -85,7 +85,8 @@ class GlobalNeighbourhoodAttention(NeighbourhoodAttention):
 
 
 def halo_group(heads: int, grid: Grid, nbhd: Neighbourhood, offsets: bool = False) -> HaloGroup:
-    """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid`` (``offsets``: see :class:`HaloGroup`)."""
+    """The blocked-attention buffers of ``heads`` heads using ``nbhd`` at ``grid``
+    (``offsets``: see :class:`HaloGroup`)."""
     return HaloGroup(heads, grid, nbhd.kernel, nbhd.dilations(grid), nbhd.border, offsets)
 
 

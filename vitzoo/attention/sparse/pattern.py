@@ -183,7 +183,8 @@ class SparsePatternAttention(QKVAttention):
         return self.to_heads(kv, 2)  # [B, h, g, d] each
 
     def every_key(self, k: Tensor, k_mem: Tensor) -> Tensor:
-        """``[B, h, P + g + L, d]``: prefix keys, the learned tokens' keys ``k_mem``, grid keys (``k`` itself when g = 0)."""
+        """``[B, h, P + g + L, d]``: prefix keys, the learned tokens' keys ``k_mem``, grid keys
+        (``k`` itself when g = 0)."""
         P = self.num_prefix
         return torch.cat([k[:, :, :P], k_mem, k[:, :, P:]], dim=2) if k_mem.shape[2] else k
 
@@ -236,7 +237,8 @@ class SparsePatternAttention(QKVAttention):
         return flex.run_flex(q, self.every_key(k, k_mem), self.every_key(v, v_mem), mask, score_mod, self.scale)
 
     def build_flex(self, grid: Grid, device: Any) -> tuple[Any, Any]:
-        """``(BlockMask, score_mod or None)`` of the pattern at ``grid`` from :meth:`flex_grid_mod` / :meth:`flex_grid_bias`."""
+        """``(BlockMask, score_mod or None)`` of the pattern at ``grid``
+        from :meth:`flex_grid_mod` / :meth:`flex_grid_bias`."""
         P, g, L = self.num_prefix, self.num_learned, grid[0] * grid[1]
         mask_mod = flex.pattern_mask_mod(self.flex_grid_mod(grid, device), P, g, L)
         bias = self.flex_grid_bias(grid, device)
@@ -286,7 +288,8 @@ class SparsePatternAttention(QKVAttention):
         return flops
 
     def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
-        """Additive ``[heads, blocks, S, K]`` scores of a halo group's heads; None: no bias (overridden by ``local``)."""
+        """Additive ``[heads, blocks, S, K]`` scores of a halo group's heads;
+        None: no bias (overridden by ``local``)."""
         return None
 
     def grid_bias(self, grid: Grid) -> Optional[Tensor]:
