@@ -53,3 +53,15 @@ def test_readme_row_shows_the_class_flags(name):
     _, growth, notes = readme_rows()[name]
     assert growth == ("linear in N" if make_attention(name, (16, 16), 0).linear_cost else "super-linear")
     assert notes == ", ".join(f for f in FLAGS if getattr(cls, f))
+
+
+def flops_doc_formulas() -> dict[str, str]:
+    """``{backend: formula}`` from docs/flops.md's "Every backend's formula" table (``scripts/flops.py --formulas``)."""
+    text = (ROOT / "docs" / "flops.md").read_text(encoding="utf-8")
+    section = text.split("## Every backend's formula", 1)[1].split("\n## ", 1)[0]
+    rows = [re.match(r"^\| `([^`]+)` \| `([^`]*)` \|", line) for line in section.splitlines()]
+    return {m.group(1): m.group(2) for m in rows if m}
+
+
+def test_flops_doc_table_repeats_each_class_formula():
+    assert flops_doc_formulas() == {name: attention_classes()[name].formula for name in ATTENTION_NAMES}
