@@ -6,6 +6,7 @@ import torch
 from conftest import (
     ATTENTION_NAMES,
     CONFIGS,
+    ROOT,
     SHIFT_CASES,
     Host,
     RecordShapes,
@@ -28,7 +29,7 @@ def test_every_backend_lives_in_a_family_with_its_tests():
         assert attention_family(name) in FAMILY_PACKAGES, f"{name}: defined outside the family subpackages"
     for family in FAMILY_PACKAGES:
         assert backends(family), f"no registered backend of family {family}"
-        assert (CONFIGS.parent / "vitzoo" / "attention" / family / "__init__.py").exists(), family
+        assert (ROOT / "vitzoo" / "attention" / family / "__init__.py").exists(), family
 
 
 def test_every_backend_has_a_config_file():
