@@ -108,7 +108,8 @@ def estimate_params(cfg: Any) -> int:
     """
     c, grid = cfg.embed_dim, cfg.img_size // cfg.patch_size
     total = cfg.in_chans * cfg.patch_size**2 * c
-    if hasattr(cfg, "depths"):  # Swin: channels double per stage, a 2x2 merge (4C -> 2C, C of the stage before) between stages
+    # Swin: channels double per stage, a 2x2 merge (4C -> 2C, C of the stage before) between stages
+    if hasattr(cfg, "depths"):
         for i, depth in enumerate(cfg.depths):
             total += depth * _block_params(c * 2**i, cfg.mlp_ratio) + (2 * (c * 2**i) ** 2 if i else 0)
         return total + c * 2 ** (len(cfg.depths) - 1) * cfg.num_classes
@@ -160,5 +161,5 @@ def attention_spec(model: nn.Module) -> dict[str, Any]:
     return ATTENTION.to_dict(model.attention_cfg)
 
 
-__all__ = ["MODELS", "attention_spec", "build_model", "check_ranges", "estimate_params", "list_models", "model_config", "model_kwargs",
-           "natural_attention", "register_model"]
+__all__ = ["MODELS", "attention_spec", "build_model", "check_ranges", "estimate_params", "list_models", "model_config",
+           "model_kwargs", "natural_attention", "register_model"]
