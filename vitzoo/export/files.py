@@ -21,7 +21,7 @@ from safetensors.torch import save_model as _save_safetensors
 from torch import nn
 
 from vitzoo.data.transforms import build_transform
-from vitzoo.export.formats import check_formats, export_format
+from vitzoo.export.formats import FILES, check_formats, export_format
 from vitzoo.models import attention_spec, create_model, model_config, model_kwargs
 from vitzoo.models.factory import estimate_params
 from vitzoo.registry import ConfigError
@@ -33,6 +33,7 @@ from vitzoo.untrusted import (
     load_weights,
     offline_options,
     read_json,
+    replace_file,
 )
 
 WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
@@ -52,11 +53,16 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dic
     """
     formats = check_formats(list(formats))
     out = Path(out_dir)
+    if out.is_symlink():
+        raise ConfigError(f"export folder {out} is a symlink; vitzoo writes only into real folders")
     out.mkdir(parents=True, exist_ok=True)
+    for name in (WEIGHTS, CONFIG, *FILES.values()):  # a planted symlink is replaced, its target left alone
+        if (out / name).is_symlink():
+            (out / name).unlink()
     config = {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
               "attention": attention_spec(model), "data": data or {}}
     _save_safetensors(model, str(out / WEIGHTS))
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    replace_file(out / CONFIG, json.dumps(config, indent=2) + "\n")
     for fmt in formats:
         if fmt != "safetensors":
             export_format(model, out, fmt)
