@@ -121,21 +121,29 @@ def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
     transform = build_transform(check_predict_options(d, topk, batch_size), d["mean"], d["std"], train=False)
     classes = [printable(c) for c in (d.get("classes") or [])]
     for start in range(0, len(files), batch_size):
-        chunk, images = [], []
-        for f in files[start : start + batch_size]:
+        chunk = files[start : start + batch_size]
+        images, failed = {}, {}
+        for f in chunk:
             try:
-                images.append(transform(read_rgb(str(f))))
-                chunk.append(f)
+                images[f] = transform(read_rgb(str(f)))
             except ConfigError as e:
-                yield f, e
-        if not chunk:
-            continue
-        x = torch.stack(images)  # [B, 3, S, S]
+                failed[f] = e
+        yield from _top(predictor, chunk, images, failed, topk, classes)
+
+
+def _top(predictor: Predictor, chunk: list[Path], images: dict[Path, Tensor], failed: dict[Path, ConfigError],
+         topk: int, classes: list[str]) -> Iterator[tuple[Path, Any]]:
+    """One batch's results in file order: top-k classes, or the error of a file that could not be read."""
+    found: dict[Path, Any] = dict(failed)
+    if images:
+        x = torch.stack(list(images.values()))  # [B, 3, S, S]
         with torch.no_grad():
             probs = torch.as_tensor(predictor.run(x)).float().softmax(dim=-1)  # [B, K]
         values, indices = probs.topk(min(topk, probs.shape[-1]), dim=-1)
-        for f, vs, ids in zip(chunk, values.tolist(), indices.tolist()):
-            yield f, [(classes[i] if i < len(classes) else str(i), v) for i, v in zip(ids, vs)]
+        for f, vs, ids in zip(images, values.tolist(), indices.tolist()):
+            found[f] = [(classes[i] if i < len(classes) else str(i), v) for i, v in zip(ids, vs)]
+    for f in chunk:
+        yield f, found[f]
 
 
 __all__ = ["Predictor", "check_predict_options", "image_files", "load_predictor", "predict_files", "printable"]
