@@ -7,6 +7,7 @@ import json
 import os
 import random
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -74,6 +75,20 @@ def test_eval_report_is_per_data_set_never_replaced_and_never_through_a_symlink(
     assert Path(first["report_path"]).name == "model.digits.eval-2.json"
     assert Path(second["report_path"]).name == "model.digits.eval-3.json"
     assert json.loads(Path(first["report_path"]).read_text())["data"] == "digits"
+
+
+def test_eval_report_goes_to_the_eval_folder_when_the_checkpoint_folder_is_read_only(tmp_path, monkeypatch):
+    path = checkpoint(tmp_path, name="model.ckpt")
+    real = write_new
+
+    def read_only(target, text):  # root ignores chmod: the refusal of the checkpoint's folder is simulated
+        if Path(target).parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(target))
+        return real(target, text)
+
+    monkeypatch.setattr(sys.modules["vitzoo.training.evaluate"], "write_new", read_only)
+    report = eval_ckpt(path, tmp_path / "eval")
+    assert Path(report["report_path"]) == tmp_path / "eval" / "model.digits.eval.json"
 
 
 def test_export_never_written_through_a_symlink(tmp_path):
@@ -287,6 +302,13 @@ def test_predict_options_are_positive_integers(option, tmp_path):
     files = sorted(image_tree(tmp_path / "imgs", classes=("a",)).rglob("*.jpg"))
     with pytest.raises(ConfigError, match=rf"^{next(iter(option))} must be a positive integer"):
         list(predict_files(predictor(["x", "y", "z"]), files, **option))
+
+
+def test_a_huge_saved_img_size_is_refused_before_any_image_is_read(tmp_path):
+    files = sorted(image_tree(tmp_path / "imgs", classes=("a",)).rglob("*.jpg"))
+    data = {"img_size": 10**6, "mean": [0.5] * 3, "std": [0.5] * 3}
+    with pytest.raises(ConfigError, match=r"the saved data.img_size=1000000 is not an integer in \[1, 4096\]"):
+        list(predict_files(Predictor(lambda x: x, data), files))
 
 
 def test_class_names_cannot_forge_output_lines(tmp_path, capsys):
