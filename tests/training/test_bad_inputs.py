@@ -524,6 +524,16 @@ BAD_INPUTS = {  # name: (call(tmp_path[, monkeypatch]), expected one-line messag
         lambda t: rewrite_weights(exported(t), lambda v: v * float("nan")) or vitzoo.load_model(t / "export"),
         r"model.safetensors: weight .* holds NaN or infinite values",
     ),
+    "checkpoint: huge saved img_size": (
+        lambda t: evaluate(
+            compose_cfg(
+                [f"ckpt_path={checkpoint(t, hyper_parameters={**HPARAMS, 'data': {'img_size': 10**6}})}"],
+                t / "eval",
+                config="eval",
+            )
+        ),
+        r"data.img_size=1000000 is not an integer in \[1, 4096\]",
+    ),
     "checkpoint: NaN weights": (
         lambda t: VitModule.load_from_checkpoint(
             checkpoint(t, state_dict={k: v * float("nan") for k, v in VitModule(**HPARAMS).state_dict().items()})

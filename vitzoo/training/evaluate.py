@@ -26,6 +26,7 @@ from vitzoo.flops import count_flops
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
 from vitzoo.training.module import module_from_checkpoint
+from vitzoo.training.run_checks import check_img_size
 from vitzoo.training.safe_load import checkpoint_hparams, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
 from vitzoo.training.utils import (
@@ -137,7 +138,9 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     bench = benchmark_config(cfg.get("benchmark"))
     ckpt = read_checkpoint(cfg.get("ckpt_path"))
     path = Path(str(cfg.ckpt_path)).expanduser().resolve()
-    dm = build_datamodule(data_config(cfg, ckpt))
+    data = data_config(cfg, ckpt)
+    check_img_size(data.get("img_size"), "data.img_size")  # the checkpoint's preprocessing is read from a file
+    dm = build_datamodule(data)
     module = module_from_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}")  # plain data -> registries, then the weights
     if dm.num_classes != module.net.cfg.num_classes:
         raise ConfigError(f"data={dm.name} has {dm.num_classes} classes but the checkpoint's model has "

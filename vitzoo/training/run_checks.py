@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import torch
 
 from vitzoo.models import model_config
+from vitzoo.models.factory import INT_RANGES
 from vitzoo.registry import ConfigError
 
 FP16 = ("16", "16-mixed", "16-true")  # Lightning precisions a CPU cannot run (it falls back to bf16 with a warning)
@@ -72,10 +73,23 @@ def check_data(data: Mapping[str, Any], model: Mapping[str, Any]) -> None:
             raise ConfigError(f"data.{key} must be {channels} numbers, one per input channel (got {values!r})")
         if key == "std" and min(values) <= 0:
             raise ConfigError(f"data.std must be positive (got {values!r})")
+    check_img_size(data.get("img_size"), "data.img_size")
     size, model_size = data.get("img_size"), model.get("img_size")
     if size is not None and model_size is not None and size != model_size:
         raise ConfigError(f"data.img_size={size} but model.img_size={model_size}; drop the data.img_size override "
                           f"(it follows the model)")
+
+
+def check_img_size(size: Any, where: str) -> None:
+    """An image side is an integer within the model configs' range (a file may say ``img_size: 1000000``).
+
+    Args:
+        size: the value.
+        where: the option or file it came from, named in the message.
+    """
+    low, high = INT_RANGES["img_size"]
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high):
+        raise ConfigError(f"{where}={size!r} is not an integer in [{low}, {high}]")
 
 
 def check_window(attention: Mapping[str, Any], model: Mapping[str, Any]) -> None:
