@@ -10,6 +10,8 @@ Examples (from the repository root):
 Arguments: an export folder (``config.json`` + ``model.safetensors`` / ``model.onnx``) or a ``.ckpt``,
 then image files or folders (searched recursively). Options (``key=value``): ``backend=safetensors``
 (default, eager vitzoo) or ``backend=onnx`` (onnxruntime), ``topk=5``, ``batch_size=32``.
+An image that cannot be read is one ``error:`` line on stderr; the other images are still predicted
+(exit status 1 when any failed). Names are printed with newlines and control characters escaped.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 
 from vitzoo.export import Predictor, image_files, load_predictor, predict_files
+from vitzoo.export.predict import printable
 from vitzoo.registry import ConfigError
 
 OPTIONS = {"backend": "safetensors", "topk": 5, "batch_size": 32}  # key=value options and their defaults
@@ -59,14 +62,19 @@ def main(argv: list[str]) -> int:
             else load_predictor(model_path, backend=options["backend"])
         )
         results = predict_files(
-            predictor, image_files(inputs), topk=int(options["topk"]), batch_size=int(options["batch_size"])
+            predictor, image_files(inputs), topk=options["topk"], batch_size=options["batch_size"]
         )
+        failed = 0
         for path, top in results:
-            print(f"{path}: " + ", ".join(f"{name} {p:.3f}" for name, p in top))
+            if isinstance(top, ConfigError):
+                failed += 1
+                print(f"error: {printable(str(top))}", file=sys.stderr, flush=True)
+                continue
+            print(f"{printable(str(path))}: " + ", ".join(f"{name} {p:.3f}" for name, p in top), flush=True)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

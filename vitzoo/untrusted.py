@@ -5,9 +5,13 @@ No Lightning import here: :func:`vitzoo.load_model` uses it for inference-only i
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
+
+import torch
 
 from vitzoo.registry import ConfigError
 
@@ -66,6 +70,42 @@ def export_options(config: Mapping[str, Any], source: Path) -> dict[str, Any]:
     return dict(options)
 
 
+def note(message: str) -> None:
+    """One ``note:`` line on stderr (what a load from a file changed, e.g. a dropped download)."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def offline_options(options: Mapping[str, Any], source: Any) -> dict[str, Any]:
+    """Model options read from a file without ``pretrained``: a trained model's weights are in the file, so
+    rebuilding it never reaches the network (the drop is one ``note:`` line).
+
+    Args:
+        options: model options (``model`` hyper-parameter or an export's ``model_options``).
+        source: the file, named in the note.
+    """
+    out = dict(options)
+    if out.pop("pretrained", None) is not None:
+        note(f"{source}: model.pretrained={options['pretrained']!r} dropped (the weights come from the file; "
+             f"nothing is downloaded)")
+    return out
+
+
+def offline_data(data: Mapping[str, Any], source: Any) -> dict[str, Any]:
+    """A data config read from a file with ``download`` forced off (one ``note:`` line when it was on).
+
+    Args:
+        data: the saved data config.
+        source: the file, named in the note.
+    """
+    out = dict(data)
+    if out.get("download"):
+        note(f"{source}: data.download=true dropped (a saved config never downloads; pass data.download=true "
+             f"on the command line to allow it)")
+    if "download" in out:
+        out["download"] = False
+    return out
+
+
 def load_weights(load: Any, source: Path) -> None:
     """Call ``load()`` (a safetensors load into a model); a truncated file or mismatched weights is one line.
 
@@ -81,3 +121,98 @@ def load_weights(load: Any, source: Path) -> None:
         raise ConfigError(
             f"{source}: cannot load the weights ({type(e).__name__}: {detail}); re-export the model"
         ) from None
+
+
+def check_size(estimate: int, held: int, source: Any) -> None:
+    """Refuse a config that needs more weights than the file holds, before the model is allocated.
+
+    Args:
+        estimate: a lower bound on the config's parameter count (:func:`vitzoo.models.factory.estimate_params`).
+        held: how many numbers the weights file holds.
+        source: the file, named in the message.
+    """
+    if estimate > held:
+        raise ConfigError(
+            f"{source}: the config describes at least {estimate} parameters but the weights hold {held}; "
+            f"the config does not belong to these weights"
+        )
+
+
+def _floating(dtype: Union[str, torch.dtype]) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return dtype.is_floating_point
+    return str(dtype).upper().startswith(("F", "BF"))  # safetensors header names: F32, F16, BF16, F64, F8_*
+
+
+def check_dtypes(expected: Mapping[str, torch.Tensor], held: Mapping[str, Any], source: Any) -> None:
+    """Every floating tensor of the model must be floating in the file (int64 or bool weights are refused).
+
+    Args:
+        expected: the model's ``state_dict()``.
+        held: tensor name -> dtype in the file (a ``torch.dtype`` or a safetensors dtype name).
+        source: the file, named in the message.
+    """
+    for name, tensor in expected.items():
+        if name in held and tensor.is_floating_point() and not _floating(held[name]):
+            raise ConfigError(f"{source}: weight {name} is {held[name]}, not floating point; re-export the model")
+
+
+def check_finite(model: torch.nn.Module, source: Any) -> None:
+    """Refuse weights holding NaN or infinity (such a model predicts the same for every image).
+
+    Args:
+        model: the model after loading.
+        source: the file, named in the message.
+    """
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(f"{source}: weight {name} holds NaN or infinite values; use weights from a good run")
+
+
+def _open_new(path: Path) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.open(path, flags, 0o644)
+
+
+def write_new(path: Union[str, Path], text: str) -> Path:
+    """Write ``text`` to a file that does not exist yet: never through a symlink, never over another file.
+
+    Args:
+        path: the file to create (its folder must exist).
+        text: its content.
+    """
+    with os.fdopen(_open_new(Path(path)), "w") as f:
+        f.write(text)
+    return Path(path)
+
+
+def replace_file(path: Union[str, Path], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically: into a fresh ``<name>.tmp`` then renamed over ``path``.
+
+    A symlink at ``path`` is replaced by the file, its target is left alone.
+
+    Args:
+        path: the file to write.
+        text: its content.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # a stale temporary file (or a symlink planted there): the link itself goes
+    write_new(tmp, text)
+    os.replace(tmp, path)
+    return path
+
+
+def free_path(path: Union[str, Path]) -> Path:
+    """``path`` if nothing (not even a dangling symlink) is there, else ``<stem>-2<suffix>``, ``-3`` …
+
+    Args:
+        path: the preferred name.
+    """
+    path = Path(path)
+    for i in range(1, 10_000):
+        candidate = path if i == 1 else path.with_name(f"{path.stem}-{i}{path.suffix}")
+        if not os.path.lexists(candidate):
+            return candidate
+    raise ConfigError(f"{path}: no free name left beside it; clean up the folder")

@@ -113,6 +113,14 @@ HOSTILE_CKPT = {
         dict(config={"data": {**DIGITS, "mean": {"_target_": "shutil.rmtree", "path": "VICTIM"}}}),
         r"config.data.mean._target_='shutil.rmtree' is not an allowed",
     ),
+    "_target_ nested in a list": (
+        dict(config={"data": {**DIGITS, "mean": [0.5, {"_target_": "os.remove", "path": "VICTIM"}, 0.5]}}),
+        r"config.data.mean\[1\]._target_='os.remove' is not an allowed",
+    ),
+    "_target_ in a list of lists": (
+        dict(config={"data": {**DIGITS, "extra": [[{"_target_": "shutil.rmtree", "path": "VICTIM"}]]}}),
+        r"config.data.extra\[0\]\[0\]._target_='shutil.rmtree' is not an allowed",
+    ),
     "interpolation": (
         dict(config={"data": {**DIGITS, "root": "${oc.env:HOME}"}}),
         r"config.data.root=.* is an interpolation",
@@ -430,7 +438,123 @@ BAD_INPUTS = {  # name: (call(tmp_path[, monkeypatch]), expected one-line messag
         lambda t, m: disk_full(t, m),
         r"could not write the export to .*/export \(disk full\); free space",
     ),
+    "foreign logger _target_ in a list": (
+        lambda t: run_train(t, "+logger.csv.extra=[{_target_: os.system}]"),
+        r"logger.csv.extra\[0\]._target_='os.system' is not an allowed",
+    ),
+    "foreign callback _target_ nested": (
+        lambda t: run_train(t, "+callbacks.lr_monitor.inner={deeper: {_target_: builtins.exec}}"),
+        r"callbacks.lr_monitor.inner.deeper._target_='builtins.exec' is not an allowed",
+    ),
+    "foreign strategy _target_": (
+        lambda t: run_train(t, "+trainer.strategy={_target_: os.system}"),
+        r"trainer.strategy._target_='os.system' is not an allowed trainer class",
+    ),
+    "foreign strategy _target_ in a list": (
+        lambda t: run_train(t, "+trainer.plugins=[{_target_: os.system}]"),
+        r"trainer.plugins\[0\]._target_='os.system' is not an allowed",
+    ),
+    "window_size larger than the grid": (
+        lambda t: run_train(t, "attention=window", "attention.window_size=64"),
+        r"attention.window_size=64 is larger than the 8x8 token grid of model.img_size=32",
+    ),
+    "data.img_size differs from the model's": (
+        lambda t: run_train(t, "data.img_size=28"),
+        r"data.img_size=28 but model.img_size=32",
+    ),
+    "max_epochs=0": (lambda t: run_train(t, "trainer.max_epochs=0"), r"trainer.max_epochs=0 trains nothing"),
+    "depth=0": (lambda t: run_train(t, "model.depth=0"), r"model.depth=0 is out of range; choose an integer in \[1,"),
+    "optim.lr=-1": (lambda t: run_train(t, "optim.lr=-1"), r"optim.lr must be a positive number \(got -1"),
+    "optim.lr=abc (command line)": (cli("optim.lr=abc"), r"^optim.lr must be a number \(got 'abc'\)$"),
+    "seed=abc": (lambda t: run_train(t, "seed=abc"), r"seed must be an integer \(got 'abc'\)"),
+    "mean of 2 values": (
+        lambda t: run_train(t, "data.mean=[0.5,0.5]"),
+        r"data.mean must be 3 numbers, one per input channel",
+    ),
+    "accelerator=gpu without a GPU": (
+        lambda t: run_train(t, "trainer.accelerator=gpu"),
+        r"trainer.accelerator=gpu but this machine has no CUDA GPU; use trainer=cpu",
+    ),
+    "precision=16-mixed on the CPU": (
+        lambda t: run_train(t, "trainer.precision=16-mixed"),
+        r"trainer.precision=16-mixed cannot run on the CPU; use trainer.precision=bf16-mixed",
+    ),
+    "one-class folder": (
+        lambda t: data_module(image_tree(t / "imgs", classes=("only",))),
+        r"data.root: .*/train has one class folder \('only'\); a classifier needs at least two",
+    ),
+    "hidden folder only": (
+        lambda t: data_module(image_tree(t / "imgs", classes=(".ipynb_checkpoints",))),
+        r"data.root: .*/train holds no images in <class>/ folders \(Couldn't find any class folder in .*/train\)",
+    ),
+    "run folder cannot be created": (
+        lambda t: train(compose_cfg(TINY, (t / "file.txt").write_text("x") and t / "file.txt" / "run")),
+        r"cannot create the run folder .*/file.txt/run \(Not a directory\); choose another with hydra.run.dir",
+    ),
+    "second fresh run in a finished run's folder": (
+        lambda t: run_train(t) or run_train(t),
+        r".*/run belongs to another run \(results.json says finished\); resume it with ckpt_path=auto, "
+        r"or start over in a new folder",
+    ),
+    "export: embed_dim 1e9": (
+        lambda t: edit_options(exported(t), embed_dim=10**9) or vitzoo.load_model(t / "export"),
+        r"model.embed_dim=1000000000 is out of range",
+    ),
+    "export: negative depth": (
+        lambda t: edit_options(exported(t), depth=-2) or vitzoo.load_model(t / "export"),
+        r"model.depth=-2 is out of range",
+    ),
+    "export: zero patch": (
+        lambda t: edit_options(exported(t), patch_size=0) or vitzoo.load_model(t / "export"),
+        r"model.patch_size=0 is out of range",
+    ),
+    "export: string class count": (
+        lambda t: edit_options(exported(t), num_classes="10") or vitzoo.load_model(t / "export"),
+        r"model.num_classes must be an integer in \[1, 1000000\] \(got '10'\)",
+    ),
+    "export: NaN dropout": (
+        lambda t: edit_options(exported(t), drop_rate=float("nan")) or vitzoo.load_model(t / "export"),
+        r"model.drop_rate must be a finite number in \[0.0, 1.0\) \(got nan\)",
+    ),
+    "export: int64 weights": (
+        lambda t: rewrite_weights(exported(t), lambda v: v.long()) or vitzoo.load_model(t / "export"),
+        r"model.safetensors: weight .* is I64, not floating point",
+    ),
+    "export: all-NaN weights": (
+        lambda t: rewrite_weights(exported(t), lambda v: v * float("nan")) or vitzoo.load_model(t / "export"),
+        r"model.safetensors: weight .* holds NaN or infinite values",
+    ),
+    "checkpoint: huge saved img_size": (
+        lambda t: evaluate(
+            compose_cfg(
+                [f"ckpt_path={checkpoint(t, hyper_parameters={**HPARAMS, 'data': {'img_size': 10**6}})}"],
+                t / "eval",
+                config="eval",
+            )
+        ),
+        r"data.img_size=1000000 is not an integer in \[1, 4096\]",
+    ),
+    "checkpoint: NaN weights": (
+        lambda t: VitModule.load_from_checkpoint(
+            checkpoint(t, state_dict={k: v * float("nan") for k, v in VitModule(**HPARAMS).state_dict().items()})
+        ),
+        r"good.ckpt: weight .* holds NaN or infinite values",
+    ),
 }
+
+
+def edit_options(folder: Path, **changes) -> None:
+    """Change ``model_options`` in an export's config.json."""
+    config = json.loads((folder / "config.json").read_text())
+    edit_json(folder / "config.json", model_options={**config["model_options"], **changes})
+
+
+def rewrite_weights(folder: Path, change) -> None:
+    """Apply ``change`` to every tensor of an export's model.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: change(v).contiguous() for k, v in weights.items()}, folder / "model.safetensors")
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
@@ -442,7 +566,9 @@ def test_bad_input_gets_one_line(name, tmp_path, monkeypatch):
     if name == "disk full writing the export":
         assert not (tmp_path / "run" / "export").exists() and not (tmp_path / "run" / "export.tmp").exists()
         assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
-    if (tmp_path / "run" / "results.json").is_file():
+    if name == "second fresh run in a finished run's folder":  # the first run's results stay as they were
+        assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "finished"
+    elif (tmp_path / "run" / "results.json").is_file():
         assert json.loads((tmp_path / "run" / "results.json").read_text())["error"] == str(err.value)
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,9 +118,8 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     assert report["val_acc"] == pytest.approx(on_disk["best_val_acc"], abs=1e-6)  # same weights, same 32 images
     assert report["val_loss"] == pytest.approx(on_disk["val_loss"], rel=1e-5)
     assert report["params"] == on_disk["params"] and report["gmacs"] == pytest.approx(on_disk["gmacs"])
-    written = json.loads(
-        (tmp_path / "checkpoints" / (os.path.basename(on_disk["best_ckpt"])[:-5] + ".eval.json")).read_text()
-    )
+    written = json.loads(Path(report["report_path"]).read_text())
+    assert Path(report["report_path"]).name == os.path.basename(on_disk["best_ckpt"])[:-5] + ".digits.eval.json"
     assert written["val_acc5"] == report["val_acc5"] and written["infer_images_per_s"] > 0
 
 
@@ -331,7 +331,7 @@ def test_entry_points_multirun_and_eval(tmp_path):
         "trainer.enable_progress_bar=false",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(open(good["best_ckpt"][:-5] + ".eval.json").read())
+    report = json.loads(open(good["best_ckpt"][:-5] + ".digits.eval.json").read())
     assert report["model"] == "vit_cifar" and 0 <= report["val_acc"] <= 1 and report["num_val_images"] == 180
 
 

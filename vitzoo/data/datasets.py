@@ -87,17 +87,35 @@ def image_folder(folder: Path) -> Any:
     one-line errors naming data.root."""
     from torchvision.datasets import ImageFolder
 
+    class VisibleImageFolder(ImageFolder):
+        """``ImageFolder`` whose classes are the folders not starting with ``.`` (``.ipynb_checkpoints``,
+        ``.DS_Store`` … are not classes)."""
+
+        def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+            classes, _ = super().find_classes(directory)
+            classes = [c for c in classes if not c.startswith(".")]
+            if not classes:
+                raise FileNotFoundError(f"Couldn't find any class folder in {directory}")
+            return classes, {c: i for i, c in enumerate(classes)}
+
     try:
-        return ImageFolder(str(folder), loader=read_rgb)
+        found = VisibleImageFolder(str(folder), loader=read_rgb)
     except FileNotFoundError as e:  # no class folders, or class folders without images
+        detail = (str(e).splitlines() or [""])[0]
         raise ConfigError(
-            f"data.root: {folder} holds no images in <class>/ folders ({str(e).split('.')[0]}); "
+            f"data.root: {folder} holds no images in <class>/ folders ({detail}); "
             f"point data.root at a folder with train/<class>/*.jpg"
         ) from None
     except OSError as e:
         raise ConfigError(
             f"data.root: cannot read {folder} ({e.strerror or type(e).__name__}); check its permissions"
         ) from None
+    if len(found.classes) < 2:
+        raise ConfigError(
+            f"data.root: {folder} has one class folder ({found.classes[0]!r}); a classifier needs at least two "
+            f"<class>/ folders"
+        )
+    return found
 
 
 def stratified_split(targets: Sequence[int], val_fraction: float, seed: int) -> tuple[list[int], list[int]]:

@@ -11,18 +11,30 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
+from safetensors import safe_open
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
 from torch import nn
 
 from vitzoo.data.transforms import build_transform
-from vitzoo.export.formats import check_formats, export_format
-from vitzoo.models import attention_spec, create_model, model_kwargs
+from vitzoo.export.formats import FILES, check_formats, export_format
+from vitzoo.models import attention_spec, create_model, model_config, model_kwargs
+from vitzoo.models.factory import estimate_params
 from vitzoo.registry import ConfigError
-from vitzoo.untrusted import export_options, load_weights, read_json
+from vitzoo.untrusted import (
+    check_dtypes,
+    check_finite,
+    check_size,
+    export_options,
+    load_weights,
+    offline_options,
+    read_json,
+    replace_file,
+)
 
 WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
 
@@ -41,11 +53,16 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dic
     """
     formats = check_formats(list(formats))
     out = Path(out_dir)
+    if out.is_symlink():
+        raise ConfigError(f"export folder {out} is a symlink; vitzoo writes only into real folders")
     out.mkdir(parents=True, exist_ok=True)
+    for name in (WEIGHTS, CONFIG, *FILES.values()):  # a planted symlink is replaced, its target left alone
+        if (out / name).is_symlink():
+            (out / name).unlink()
     config = {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
               "attention": attention_spec(model), "data": data or {}}
     _save_safetensors(model, str(out / WEIGHTS))
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    replace_file(out / CONFIG, json.dumps(config, indent=2) + "\n")
     for fmt in formats:
         if fmt != "safetensors":
             export_format(model, out, fmt)
@@ -66,6 +83,40 @@ def _paths(path: Union[str, Path]) -> tuple[Path, Path]:
     return weights, config
 
 
+def check_file_config(model: Mapping[str, Any], held: Mapping[str, tuple[int, Any]], source: Any) -> None:
+    """The checks every load from a file runs before building its model (checkpoints and exports alike).
+
+    The model options are type- and range-checked and must not describe more parameters than the
+    file holds, so a hostile or mistaken config fails in one line before anything is allocated.
+
+    Args:
+        model: ``{"name": variant, **options}`` read from the file (``pretrained`` already dropped).
+        held: tensor name -> (number of values, dtype) of the weights in the file.
+        source: the file, named in messages.
+    """
+    options = dict(model)
+    if not isinstance(options.get("name"), str):
+        raise ConfigError(f"{source}: the model has no name; not a vitzoo model file")
+    cfg = model_config(options.pop("name"), **options)
+    check_size(estimate_params(cfg), sum(n for n, _ in held.values()), source)
+
+
+def _header(weights: Path) -> dict[str, tuple[int, str]]:
+    """Tensor name -> (number of values, dtype name) from a safetensors header (no tensor is read)."""
+    try:
+        with safe_open(str(weights), "pt") as f:
+            out = {}
+            for key in f.keys():
+                part = f.get_slice(key)
+                out[key] = (math.prod(part.get_shape()), part.get_dtype())
+            return out
+    except Exception as e:  # SafetensorError: truncated or lying header
+        detail = (str(e).splitlines() or [""])[0]
+        raise ConfigError(
+            f"{weights}: cannot load the weights ({type(e).__name__}: {detail}); re-export the model"
+        ) from None
+
+
 def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
     """Rebuild an exported model in eval mode, without Lightning.
 
@@ -81,10 +132,13 @@ def load_model(path: Union[str, Path], map_location: str = "cpu") -> nn.Module:
         raise ConfigError(
             f"{config_file} is not a vitzoo export (format {config.get('format')!r}, expected {FORMAT!r})"
         )
-    model = create_model(
-        str(config.get("model")), attention=config.get("attention"), **export_options(config, config_file)
-    )
+    options = offline_options(export_options(config, config_file), config_file)
+    held = _header(weights)
+    check_file_config({"name": str(config.get("model")), **options}, held, config_file)
+    model = create_model(str(config.get("model")), attention=config.get("attention"), **options)
+    check_dtypes(model.state_dict(), {k: d for k, (_, d) in held.items()}, weights)
     load_weights(lambda: _load_safetensors(model, str(weights), strict=True, device=str(map_location)), weights)
+    check_finite(model, weights)
     model.to(map_location).eval()
     model.export_config = config
     return model

@@ -9,7 +9,6 @@ A training checkpoint becomes a :class:`Predictor` with
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -17,10 +16,13 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor
 
+from vitzoo.data.datasets import read_rgb
 from vitzoo.data.transforms import build_transform
 from vitzoo.export.files import load_model
 from vitzoo.export.formats import FILES, read_onnx
+from vitzoo.models.factory import INT_RANGES
 from vitzoo.registry import ConfigError
+from vitzoo.untrusted import read_json
 
 IMAGE_TYPES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif")
 BACKENDS = ("safetensors", "onnx")
@@ -55,7 +57,7 @@ def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"{p} is not an export folder with config.json")
-    data = json.loads(config_file.read_text()).get("data") or {}
+    data = read_json(config_file, "export config").get("data") or {}
     if backend == "onnx":
         onnx_file = folder / FILES["onnx"]
         if not onnx_file.is_file():
@@ -80,30 +82,68 @@ def image_files(inputs: list[str]) -> list[Path]:
     return files
 
 
-def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
-                  batch_size: int = 32) -> Iterator[tuple[Path, list[tuple[str, float]]]]:
-    """``(file, [(class, probability), ...])`` with the ``topk`` classes of every image.
+def printable(text: str) -> str:
+    """``text`` with newlines and other control characters escaped (``\\n``): one name, one line of output."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
-    Images are preprocessed as at evaluation (vitzoo's eval transform at the saved ``img_size``,
-    ``mean``, ``std``).
+
+def check_predict_options(data: dict[str, Any], topk: Any, batch_size: Any) -> int:
+    """The checked ``img_size`` of the saved preprocessing; ``topk`` and ``batch_size`` positive integers.
+
+    Args:
+        data: the saved preprocessing (img_size, mean, std, classes).
+        topk: classes printed per image.
+        batch_size: images per forward pass.
     """
-    from PIL import Image
-
-    d = predictor.data
-    if not {"img_size", "mean", "std"} <= set(d):
+    for name, value in (("topk", topk), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+    if not {"img_size", "mean", "std"} <= set(data):
         raise ConfigError(
             "the model has no saved preprocessing (data.img_size/mean/std); export it from a training run"
         )
-    transform = build_transform(int(d["img_size"]), d["mean"], d["std"], train=False)
-    classes = list(d.get("classes") or [])
+    low, high = INT_RANGES["img_size"]
+    size = data["img_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or not low <= size <= high:
+        raise ConfigError(f"the saved data.img_size={size!r} is not an integer in [{low}, {high}]; re-export the model")
+    return size
+
+
+def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
+                  batch_size: int = 32) -> Iterator[tuple[Path, Any]]:
+    """``(file, [(class, probability), ...])`` with the ``topk`` classes of every image, or ``(file, error)``
+    (a :class:`ConfigError` naming the file) for an image that cannot be read: the others go on.
+
+    Images are preprocessed as at evaluation (vitzoo's eval transform at the saved ``img_size``,
+    ``mean``, ``std``). Class names are :func:`printable`.
+    """
+    d = predictor.data
+    transform = build_transform(check_predict_options(d, topk, batch_size), d["mean"], d["std"], train=False)
+    classes = [printable(c) for c in (d.get("classes") or [])]
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        x = torch.stack([transform(Image.open(f).convert("RGB")) for f in chunk])  # [B, 3, S, S]
+        images, failed = {}, {}
+        for f in chunk:
+            try:
+                images[f] = transform(read_rgb(str(f)))
+            except ConfigError as e:
+                failed[f] = e
+        yield from _top(predictor, chunk, images, failed, topk, classes)
+
+
+def _top(predictor: Predictor, chunk: list[Path], images: dict[Path, Tensor], failed: dict[Path, ConfigError],
+         topk: int, classes: list[str]) -> Iterator[tuple[Path, Any]]:
+    """One batch's results in file order: top-k classes, or the error of a file that could not be read."""
+    found: dict[Path, Any] = dict(failed)
+    if images:
+        x = torch.stack(list(images.values()))  # [B, 3, S, S]
         with torch.no_grad():
             probs = torch.as_tensor(predictor.run(x)).float().softmax(dim=-1)  # [B, K]
         values, indices = probs.topk(min(topk, probs.shape[-1]), dim=-1)
-        for f, vs, ids in zip(chunk, values.tolist(), indices.tolist()):
-            yield f, [(classes[i] if i < len(classes) else str(i), v) for i, v in zip(ids, vs)]
+        for f, vs, ids in zip(images, values.tolist(), indices.tolist()):
+            found[f] = [(classes[i] if i < len(classes) else str(i), v) for i, v in zip(ids, vs)]
+    for f in chunk:
+        yield f, found[f]
 
 
-__all__ = ["Predictor", "image_files", "load_predictor", "predict_files"]
+__all__ = ["Predictor", "check_predict_options", "image_files", "load_predictor", "predict_files", "printable"]

@@ -24,7 +24,7 @@ from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
-from vitzoo.models.factory import register_model
+from vitzoo.models.factory import check_ranges, register_model
 from vitzoo.models.vit import init_weights
 
 
@@ -46,6 +46,7 @@ class SwinConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon (Swin's and timm's: 1e-5; model.pretrained sets it from the source)
 
     def __post_init__(self):
+        check_ranges(self)  # types and ranges first: nothing is allocated for a bad number
         self.depths, self.num_heads = list(self.depths), list(self.num_heads)
         check(self.img_size % self.patch_size == 0,
               f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")

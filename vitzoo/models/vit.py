@@ -17,7 +17,7 @@ from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
-from vitzoo.models.factory import register_model
+from vitzoo.models.factory import check_ranges, register_model
 
 
 @dataclass
@@ -40,6 +40,7 @@ class ViTConfig:
     norm_eps: float = 1e-5  # LayerNorm epsilon (timm's ViT/DeiT use 1e-6: model.pretrained sets it from the source)
 
     def __post_init__(self):
+        check_ranges(self)  # types and ranges first: nothing is allocated for a bad number
         check(self.img_size % self.patch_size == 0,
               f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
         check(self.embed_dim % self.num_heads == 0,

@@ -2,7 +2,9 @@
 (Hydra would print a multi-line "Could not find" block)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
+import typing
 from collections.abc import Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -41,9 +43,39 @@ def check_group_choices(args: Sequence[str]) -> None:
                 raise ConfigError(f"unknown {group} '{value}'; choose {group}= one of: {', '.join(choices)}")
 
 
+def number_fields() -> set[str]:
+    """The ``optim`` fields that hold a number (Hydra checks them against :class:`OptimConfig` in a multi-line
+    block; :func:`check_numbers` says it in one line first)."""
+    from vitzoo.training.module import OptimConfig
+
+    hints = typing.get_type_hints(OptimConfig)
+    return {f.name for f in dataclasses.fields(OptimConfig) if hints[f.name] in (float, typing.Optional[float])}
+
+
+def check_numbers(args: Sequence[str]) -> None:
+    """Raise a one-line ConfigError for ``optim.<number field>=<not a number>`` (e.g. ``optim.lr=abc``).
+
+    Args:
+        args: command-line arguments.
+    """
+    fields = number_fields()
+    for arg in args:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or not key.startswith("optim.") or key[len("optim."):] not in fields or "," in value:
+            continue
+        if value.strip() in ("null", "~", "") or "${" in value:
+            continue
+        try:
+            float(value)
+        except ValueError:
+            raise ConfigError(f"{key} must be a number (got {value!r})") from None
+
+
 def check_command_line(args: Sequence[str] = tuple(sys.argv[1:])) -> None:
-    """:func:`check_group_choices` for an entry point: exit 1 with ``error: <one line>`` on a bad option."""
+    """:func:`check_group_choices` and :func:`check_numbers` for an entry point: exit 1 with
+    ``error: <one line>`` on a bad option."""
     try:
         check_group_choices(args)
+        check_numbers(args)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None

@@ -3,7 +3,9 @@
 The model is rebuilt from the checkpoint's own hyper-parameters; the data is the checkpoint's
 training data config unless ``data=<group>`` picks another (``+data.key=value`` changes one option
 of the checkpoint's data). Reports top-1, top-5, loss, inference images/s, params and GMACs,
-prints them and writes ``<checkpoint stem>.eval.json`` beside the checkpoint.
+prints them and writes ``<checkpoint stem>.<data name>.eval.json`` beside the checkpoint (in the
+eval run folder when the checkpoint's folder is read-only). A report never replaces another one
+(``-2``, ``-3`` … are added to the name) and is never written through a symlink.
 
 Preprocessing belongs to the model: the mean, std and image size saved with the checkpoint (the
 ``data`` hyper-parameter) are used whatever data group supplies the images; a different value given
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +26,7 @@ from vitzoo.flops import count_flops
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
 from vitzoo.training.module import module_from_checkpoint
+from vitzoo.training.run_checks import check_img_size
 from vitzoo.training.safe_load import checkpoint_hparams, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
 from vitzoo.training.utils import (
@@ -34,6 +37,7 @@ from vitzoo.training.utils import (
     trainer_throughput,
     write_traceback,
 )
+from vitzoo.untrusted import free_path, write_new
 
 PREPROCESSING = ("img_size", "mean", "std")  # data options that belong to the model
 
@@ -93,6 +97,32 @@ def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
     return OmegaConf.create(model_preprocessing(merged["data"], dict(saved_pre), command_line_keys(cfg)))
 
 
+def write_report(report: dict[str, Any], ckpt: Path, fallback: Optional[Path]) -> Path:
+    """Write ``<ckpt stem>.<data>.eval.json`` as a new file beside the checkpoint, else in ``fallback``.
+
+    Args:
+        report: the eval report (its ``data`` names the data set).
+        ckpt: the evaluated checkpoint.
+        fallback: the eval run folder, used when the checkpoint's folder cannot be written.
+    """
+    name = f"{ckpt.stem}.{safe_name(str(report['data']))}.eval.json"
+    text = json.dumps(report, indent=2) + "\n"
+    for folder in (ckpt.parent, fallback):
+        if folder is None:
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return write_new(free_path(folder / name), text)
+        except OSError as e:
+            last = e
+    raise ConfigError(f"cannot write the eval report {name} beside {ckpt} or in the eval run folder ({last.strerror})")
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character other than letters, digits, ``-``, ``_`` and ``.`` replaced by ``_``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip(".") or "data"
+
+
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluate a checkpoint as configured; return (and write) the report."""
     try:
@@ -108,7 +138,9 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     bench = benchmark_config(cfg.get("benchmark"))
     ckpt = read_checkpoint(cfg.get("ckpt_path"))
     path = Path(str(cfg.ckpt_path)).expanduser().resolve()
-    dm = build_datamodule(data_config(cfg, ckpt))
+    data = data_config(cfg, ckpt)
+    check_img_size(data.get("img_size"), "data.img_size")  # the checkpoint's preprocessing is read from a file
+    dm = build_datamodule(data)
     module = module_from_checkpoint(ckpt, f"ckpt_path={cfg.ckpt_path}")  # plain data -> registries, then the weights
     if dm.num_classes != module.net.cfg.num_classes:
         raise ConfigError(f"data={dm.name} has {dm.num_classes} classes but the checkpoint's model has "
@@ -148,8 +180,7 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
         "gmacs": report.measured / 1e9,
         "gmacs_analytic": report.analytic / 1e9,
     }
-    report_path = path.with_name(f"{path.stem}.eval.json")
-    report_path.write_text(json.dumps(out, indent=2) + "\n")
+    report_path = write_report(out, path, Path(cfg.paths.output_dir) if cfg.get("paths") else None)
     out["report_path"] = str(report_path)
 
     table = Table(title=f"eval {path.name} on {dm.name} ({out['num_val_images']} images)")

@@ -19,10 +19,12 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitzoo.attention import before_train_step
+from vitzoo.export.files import check_file_config
 from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError, build_config
-from vitzoo.training.safe_load import checkpoint_hparams, load_state
+from vitzoo.training.safe_load import checked_state, checkpoint_hparams, load_state
 from vitzoo.training.utils import read_checkpoint
+from vitzoo.untrusted import check_dtypes, check_finite
 
 
 @dataclass
@@ -229,8 +231,14 @@ def module_from_checkpoint(ckpt: Mapping[str, Any], source: str) -> VitModule:
         ckpt: a checkpoint dict from :func:`vitzoo.training.utils.read_checkpoint`.
         source: what it was read from (named in messages).
     """
-    module = VitModule(**checkpoint_hparams(ckpt, source))
-    load_state(module, ckpt.get("state_dict"), source)
+    hparams = checkpoint_hparams(ckpt, source)
+    state = checked_state(ckpt.get("state_dict"), source)
+    held = {k.removeprefix("net."): (v.numel(), v.dtype) for k, v in state.items()}
+    check_file_config(hparams["model"], held, source)  # types, ranges and size before anything is allocated
+    module = VitModule(**hparams)
+    check_dtypes(module.net.state_dict(), {k: d for k, (_, d) in held.items()}, source)
+    load_state(module, state, source)
+    check_finite(module.net, source)
     return module
 
 

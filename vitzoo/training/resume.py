@@ -6,7 +6,9 @@ a ``CSVLogger`` subclass) instead of replacing it.
 """
 from __future__ import annotations
 
+import csv
 import errno
+import io
 import json
 import os
 import random
@@ -25,6 +27,8 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from vitzoo.registry import ConfigError
+from vitzoo.training.utils import read_checkpoint
+from vitzoo.untrusted import replace_file
 
 AUTO = "auto"  # ckpt_path=auto: the run folder's latest checkpoint, or a fresh start
 
@@ -35,13 +39,25 @@ def say(message: str) -> None:
         print(message, flush=True)
 
 
-def latest_checkpoint(out_dir: Path) -> Optional[Path]:
-    """``<run>/checkpoints/last.ckpt`` if it exists (Lightning rewrites it at every save), else the newest ``.ckpt``."""
+def checkpoints_newest_first(out_dir: Path) -> list[Path]:
+    """The run folder's ``checkpoints/*.ckpt`` (symlinks left out), newest first (``last.ckpt`` first on a tie)."""
     folder = Path(out_dir) / "checkpoints"
-    if (folder / "last.ckpt").is_file():
-        return folder / "last.ckpt"
-    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
-    return found[-1] if found else None
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    found = [p for p in folder.glob("*.ckpt") if p.is_file() and not p.is_symlink()]
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
+
+
+def latest_checkpoint(out_dir: Path) -> Optional[Path]:
+    """The newest readable checkpoint of the run folder: ``last.ckpt`` normally; when it is truncated or
+    corrupt, the next newest (e.g. ``best-epoch003.ckpt``), each skipped file named in one line."""
+    for path in checkpoints_newest_first(out_dir):
+        try:
+            read_checkpoint(path)
+            return path
+        except ConfigError as e:
+            say(f"ckpt_path=auto: skipping {path.name}: {e}")
+    return None
 
 
 def previous_status(out_dir: Path) -> Optional[str]:
@@ -50,6 +66,23 @@ def previous_status(out_dir: Path) -> Optional[str]:
         return json.loads((Path(out_dir) / "results.json").read_text()).get("status")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def check_fresh_folder(out_dir: Path, status: Optional[str]) -> None:
+    """A fresh run needs a folder without another run's results (``results.json`` of a run that trained, or
+    checkpoints): one line naming ``ckpt_path=auto`` (resume that run) and a new folder (start over).
+
+    Args:
+        out_dir: the run folder.
+        status: the previous ``results.json`` status (None if there is none).
+    """
+    has_ckpts = bool(checkpoints_newest_first(out_dir))
+    if status in ("finished", "interrupted", "running") or has_ckpts:
+        held = f"results.json says {status}" if status else "it holds checkpoints"
+        raise ConfigError(
+            f"{out_dir} belongs to another run ({held}); resume it with ckpt_path=auto, or start over "
+            f"in a new folder (hydra.run.dir=<new folder>)"
+        )
 
 
 def resolve_ckpt_path(ckpt_path: Any, out_dir: Path) -> tuple[Optional[str], Optional[str]]:
@@ -66,8 +99,11 @@ def resolve_ckpt_path(ckpt_path: Any, out_dir: Path) -> tuple[Optional[str], Opt
     if status == "running":
         status = "interrupted"
         say(f"{out_dir}/results.json said 'running': the previous run was killed; treating it as interrupted")
-    if ckpt_path is None or str(ckpt_path) != AUTO:
-        return (str(ckpt_path) if ckpt_path else None), status
+    if not ckpt_path:
+        check_fresh_folder(out_dir, status)
+        return None, status
+    if str(ckpt_path) != AUTO:
+        return str(ckpt_path), status
     found = latest_checkpoint(out_dir)
     if found is None:
         say(f"ckpt_path=auto: no checkpoint in {Path(out_dir) / 'checkpoints'}; starting fresh")
@@ -168,14 +204,41 @@ class _AppendingWriter(ExperimentWriter):
             self.metrics_keys = sorted(k for k in header.split(",") if k)
 
 
+def drop_rows_from(metrics_file: Path, step: int) -> None:
+    """Remove the rows of ``metrics.csv`` logged at ``step`` or later (those of the part of a killed run that the
+    resumed checkpoint does not hold), so each step and epoch appears once.
+
+    Args:
+        metrics_file: the CSV file (nothing happens if it does not exist).
+        step: the resumed checkpoint's ``global_step``.
+    """
+    if not metrics_file.is_file() or metrics_file.is_symlink():
+        return
+    with open(metrics_file, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or "step" not in rows[0]:
+        return
+    col = rows[0].index("step")
+    kept = [rows[0]] + [r for r in rows[1:] if len(r) > col and r[col] and int(float(r[col])) < step]
+    if len(kept) < len(rows):
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(kept)
+        replace_file(metrics_file, out.getvalue())
+
+
 class ResumableCSVLogger(CSVLogger):
     """Lightning's ``CSVLogger``; a resumed run appends to ``metrics.csv`` (new columns are merged into the
-    header) instead of crashing with "dict contains fields not in fieldnames"."""
+    header) instead of crashing with "dict contains fields not in fieldnames". With ``resume_step`` set (the
+    resumed checkpoint's global step), the rows the killed run logged after that checkpoint are dropped first."""
+
+    resume_step: Optional[int] = None
 
     @property
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None and rank_zero_only.rank == 0:
             self._fs.makedirs(self.root_dir, exist_ok=True)
+            if self.resume_step is not None:
+                drop_rows_from(Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE, self.resume_step)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment if self._experiment is not None else super().experiment
 

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from vitzoo.registry import ConfigError
-from vitzoo.untrusted import plain_data
+from vitzoo.untrusted import offline_data, offline_options, plain_data
 
 # kind -> the ``_target_`` paths a config may name for it (extend in code to allow your own class)
 ALLOWED_TARGETS: dict[str, set[str]] = {
@@ -125,7 +125,7 @@ def saved_data_config(config: Any, source: str) -> Optional[dict[str, Any]]:
     if not isinstance(saved, Mapping):
         raise ConfigError(f"{source}: config.data is not a mapping; choose the data with data=<digits|cifar10|...>")
     check_targets(saved, "data", f"{source}: config.data")
-    return dict(saved)
+    return offline_data(saved, source)
 
 
 def checkpoint_hparams(ckpt: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -147,13 +147,19 @@ def checkpoint_hparams(ckpt: Mapping[str, Any], source: str) -> dict[str, Any]:
     plain_data(dict(hparams), f"{source}: hyper_parameters")
     if not isinstance(hparams.get("model"), Mapping):
         raise ConfigError(f"{source}: hyper_parameters.model is not a mapping; not a vitzoo checkpoint")
-    return dict(hparams)
+    return {**hparams, "model": offline_options(hparams["model"], source)}
+
+
+def checked_state(state_dict: Any, source: str) -> Mapping[str, torch.Tensor]:
+    """A checkpoint's ``state_dict``, checked to be a mapping of tensors."""
+    if not isinstance(state_dict, Mapping) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise ConfigError(f"{source}: state_dict is not a mapping of tensors; not a vitzoo checkpoint")
+    return state_dict
 
 
 def load_state(module: torch.nn.Module, state_dict: Any, source: str) -> None:
     """``module.load_state_dict(state_dict)`` (strict) with a one-line error naming the first mismatch."""
-    if not isinstance(state_dict, Mapping) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        raise ConfigError(f"{source}: state_dict is not a mapping of tensors; not a vitzoo checkpoint")
+    checked_state(state_dict, source)
     try:
         module.load_state_dict(state_dict)
     except RuntimeError as e:

@@ -28,6 +28,7 @@ from vitzoo.training.module import VitModule
 from vitzoo.training.records import build_record, existing_record, record_path, write_record
 from vitzoo.training.resume import (
     AtomicCheckpointIO,
+    ResumableCSVLogger,
     RngState,
     StopOnNonFinite,
     interrupted,
@@ -36,17 +37,21 @@ from vitzoo.training.resume import (
     say,
     write_export,
 )
+from vitzoo.training.run_checks import check_run_options
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
 from vitzoo.training.utils import (
     ResultsFile,
     benchmark_config,
     console,
     flops_table,
+    make_run_folder,
     one_line,
     read_checkpoint,
     trainer_throughput,
+    unwrap_worker_error,
     write_traceback,
 )
+from vitzoo.untrusted import replace_file
 
 
 def build_datamodule(data_cfg: Any) -> ImageDataModule:
@@ -99,8 +104,9 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
 
     Raises the error after recording ``status: failed`` and a one-line ``error`` in results.json.
     """
-    out_dir = Path(cfg.paths.output_dir)
+    out_dir = make_run_folder(Path(cfg.paths.output_dir))
     ckpt_path, previous = resolve_ckpt_path(cfg.get("ckpt_path"), out_dir)
+    kept = (out_dir / "results.json").read_text() if previous == "finished" else None
     results = ResultsFile(
         out_dir / "results.json",
         status="running",
@@ -115,12 +121,32 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
     except BaseException as e:
         if interrupted(e):
             message = f"interrupted; resume with ckpt_path=auto hydra.run.dir={out_dir}"
-            results.update(status="interrupted", error=message)
+            keep_finished(results, kept, status="interrupted", error=message)
             raise SystemExit(message) from None
-        results.update(status="failed", error=one_line(e))
+        keep_finished(results, kept, status="failed", error=one_line(e))
         if not isinstance(e, ConfigError):
             write_traceback(e, out_dir)
+        clean = unwrap_worker_error(e)  # a DataLoader worker's own one-line message (naming the file)
+        if clean is not e:
+            raise clean from None
         raise
+
+
+def keep_finished(results: ResultsFile, kept: Optional[str], **failure: Any) -> None:
+    """Record a failure in results.json, unless the folder held a finished run's results (``kept``): those are
+    put back, and the failure is only printed.
+
+    Args:
+        results: the run's results file.
+        kept: the finished ``results.json`` text from before this run (None: there was none).
+        failure: ``status`` and ``error`` of this run.
+    """
+    if kept is None:
+        results.update(**failure)
+        return
+    if rank_zero_only.rank == 0:
+        replace_file(results.path, kept)
+    say(f"{results.path} kept as the finished run wrote it (this run: {failure['status']}: {failure['error']})")
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -151,11 +177,12 @@ def _fit(
 ) -> tuple[dict[str, Any], VitModule]:
     start = time.perf_counter()
     container = OmegaConf.to_container(cfg, resolve=True)
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    check_run_options(container)
+    pl.seed_everything(container["seed"], workers=True, verbose=False)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per run, also within a multirun
-    if ckpt_path:
-        read_checkpoint(ckpt_path)  # resume: fail now, in one line, if it is missing or not a checkpoint
+    # resume: fail now, in one line, if it is missing or not a checkpoint
+    resume_step = int(read_checkpoint(ckpt_path).get("global_step") or 0) if ckpt_path else None
     bench = benchmark_config(container.get("benchmark"))
     dm = build_datamodule(cfg.data)
     module = build_module(container, dm)
@@ -165,6 +192,10 @@ def _fit(
         console.print(flops_table(report, f"{cfg.model.name} + attention={cfg.attention.name}"))
     results.update(params=report.params, gmacs=report.measured / 1e9, gmacs_analytic=report.analytic / 1e9)
 
+    loggers = instantiate_all(cfg.get("logger"), "logger")
+    for logger in loggers:
+        if isinstance(logger, ResumableCSVLogger):
+            logger.resume_step = resume_step  # rows the killed run logged after the checkpoint are dropped
     speed = ImagesPerSecond()
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, StopOnNonFinite(), RngState()]
     trainer: pl.Trainer = safe_instantiate(
@@ -172,7 +203,7 @@ def _fit(
         "trainer",
         "trainer",
         callbacks=callbacks,
-        logger=instantiate_all(cfg.get("logger"), "logger") or False,
+        logger=loggers or False,
         plugins=[AtomicCheckpointIO()],
     )
     # the training peak over the resident size before fit (CPU: VmHWM reset here). In a CPU multirun later jobs
@@ -184,6 +215,7 @@ def _fit(
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
+    trainer.loggers = []  # the final validation of the best weights is reported in results.json, not as an epoch
     metrics = trainer.validate(module, datamodule=dm, ckpt_path=best, verbose=False, weights_only=True)[
         0
     ]  # loads the best weights

@@ -22,6 +22,7 @@ from torch import nn
 
 from vitzoo.flops import FlopReport
 from vitzoo.registry import ConfigError, build_config
+from vitzoo.untrusted import replace_file
 
 RESULT_KEYS = (
     "status",
@@ -63,15 +64,50 @@ class ResultsFile:
     def update(self, **fields: Any) -> dict[str, Any]:
         self.data.update(fields)
         if rank_zero_only.rank == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-            tmp.replace(self.path)  # readers never see a half-written file
+            make_run_folder(self.path.parent)
+            replace_file(self.path, json.dumps(self.data, indent=2) + "\n")  # atomic, never through a symlink
         return self.data
 
 
+def make_run_folder(folder: Path) -> Path:
+    """Create the run folder (and its parents); one line naming it when that is impossible.
+
+    Args:
+        folder: ``hydra.run.dir`` / ``paths.output_dir``.
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot create the run folder {folder} ({e.strerror or type(e).__name__}); "
+            f"choose another with hydra.run.dir=<folder>"
+        ) from None
+    return Path(folder)
+
+
+def unwrap_worker_error(exc: BaseException) -> BaseException:
+    """A DataLoader worker's error as it was raised in the worker (PyTorch re-raises it in the main process as
+    ``Caught ConfigError in DataLoader worker process 0.`` followed by the worker's traceback).
+
+    Args:
+        exc: any exception; returned unchanged unless it is such a re-raised worker error.
+    """
+    text = str(exc)
+    if not (text.startswith("Caught ") and "DataLoader worker" in text.split("\n", 1)[0] and "\n" in text):
+        return exc
+    last = [ln for ln in text.splitlines() if ln.strip()][-1]
+    name = type(exc).__name__
+    message = last.split(f"{name}: ", 1)[1] if f"{name}: " in last else last
+    try:
+        return type(exc)(message)
+    except Exception:  # an exception type that needs other arguments: keep the original
+        return exc
+
+
 def one_line(exc: BaseException) -> str:
-    """The first line of an exception's message; the type name too unless it is a ConfigError."""
+    """The first line of an exception's message (a DataLoader worker's own message for errors raised in a
+    worker); the type name too unless it is a ConfigError."""
+    exc = unwrap_worker_error(exc)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, ConfigError):
         return text
@@ -83,9 +119,11 @@ def write_traceback(exc: BaseException, folder: Path) -> Optional[Path]:
     if rank_zero_only.rank != 0:
         return None
     path = Path(folder) / "traceback.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    return path
+    try:
+        make_run_folder(path.parent)
+        return replace_file(path, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    except (OSError, ConfigError):
+        return None  # the one-line error is still printed
 
 
 def run_entry(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:

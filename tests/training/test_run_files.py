@@ -1,0 +1,325 @@
+"""Files from strangers and careless hands: nothing written through a symlink or over another run's results,
+no network when loading a file, no allocation before the size checks, resume from the newest readable
+checkpoint with the RNG state restored, and prediction that reports a bad image and goes on."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import compose_cfg
+from helpers import load_file, read_csv
+from test_bad_inputs import DIGITS, HPARAMS, TINY, checkpoint, edit_options, exported, image_tree
+
+import vitzoo
+from vitzoo.export import Predictor, predict_files
+from vitzoo.registry import ConfigError
+from vitzoo.training import VitModule, evaluate, train
+from vitzoo.training.resume import RngState, latest_checkpoint
+from vitzoo.untrusted import replace_file, write_new
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+EVAL = ["trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "benchmark.batch_size=2",
+        "benchmark.warmup=1", "benchmark.steps=1"]
+
+
+def run(tmp_path: Path, *overrides: str, folder: str = "run") -> dict:
+    return train(compose_cfg([*TINY, *overrides], tmp_path / folder))
+
+
+def eval_ckpt(path: Path, out: Path) -> dict:
+    return evaluate(compose_cfg([f"ckpt_path={path}", *EVAL], out, config="eval"))
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any socket connection fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a socket connection was attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+# ---- writing -----------------------------------------------------------------------------------------------------
+def test_writes_never_follow_a_symlink(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, tmp_path / "new.json")
+    with pytest.raises(FileExistsError):
+        write_new(tmp_path / "new.json", "report")
+    os.symlink(victim, tmp_path / "results.json")
+    os.symlink(victim, tmp_path / "results.json.tmp")
+    replace_file(tmp_path / "results.json", "results")
+    assert victim.read_text() == "precious" and not (tmp_path / "results.json").is_symlink()
+    assert (tmp_path / "results.json").read_text() == "results"
+
+
+def test_eval_report_is_per_data_set_never_replaced_and_never_through_a_symlink(tmp_path):
+    path = checkpoint(tmp_path, name="model.ckpt")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, tmp_path / "model.digits.eval.json")
+    first = eval_ckpt(path, tmp_path / "eval1")
+    second = eval_ckpt(path, tmp_path / "eval2")
+    assert victim.read_text() == "precious"
+    assert Path(first["report_path"]).name == "model.digits.eval-2.json"
+    assert Path(second["report_path"]).name == "model.digits.eval-3.json"
+    assert json.loads(Path(first["report_path"]).read_text())["data"] == "digits"
+
+
+def test_eval_report_goes_to_the_eval_folder_when_the_checkpoint_folder_is_read_only(tmp_path, monkeypatch):
+    path = checkpoint(tmp_path, name="model.ckpt")
+    real = write_new
+
+    def read_only(target, text):  # root ignores chmod: the refusal of the checkpoint's folder is simulated
+        if Path(target).parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(target))
+        return real(target, text)
+
+    monkeypatch.setattr(sys.modules["vitzoo.training.evaluate"], "write_new", read_only)
+    report = eval_ckpt(path, tmp_path / "eval")
+    assert Path(report["report_path"]) == tmp_path / "eval" / "model.digits.eval.json"
+
+
+def test_export_never_written_through_a_symlink(tmp_path):
+    folder = exported(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (folder / "config.json").unlink()
+    os.symlink(victim, folder / "config.json")
+    vitzoo.export_model(vitzoo.create_model("vit_cifar", depth=1, embed_dim=32, num_heads=2), folder)
+    assert victim.read_text() == "precious" and not (folder / "config.json").is_symlink()
+
+
+def test_export_script_writes_a_new_folder_unless_told_to_replace(tmp_path, capsys):
+    export = load_file("scripts", "export")
+    result = run(tmp_path)
+    ckpt, first = Path(result["best_ckpt"]), Path(result["export_dir"])
+    before = (first / "model.safetensors").read_bytes()
+    assert export.main([f"ckpt_path={ckpt.parent / 'last.ckpt'}"]) == 0
+    assert (first.parent / "export-2" / "config.json").is_file()
+    assert (first / "model.safetensors").read_bytes() == before  # the run's export, described by results.json
+    assert export.main([f"ckpt_path={ckpt.parent / 'last.ckpt'}", "replace=true"]) == 0
+    assert not (first.parent / "export-3").exists() and (first / "config.json").is_file()
+    assert export.main([f"ckpt_path={ckpt}", "replace=maybe"]) == 1
+    assert "error: replace must be true or false" in capsys.readouterr().err
+
+
+# ---- no network ----------------------------------------------------------------------------------------------------
+def test_a_checkpoint_never_reaches_the_network(tmp_path, no_network, capfd):
+    hparams = {**HPARAMS, "model": {**HPARAMS["model"], "pretrained": "timm:vit_tiny_patch16_224"}}
+    path = checkpoint(tmp_path, hyper_parameters=hparams)
+    report = eval_ckpt(path, tmp_path / "eval")
+    assert 0 <= report["val_acc"] <= 1
+    assert VitModule.load_from_checkpoint(path).net.cfg.embed_dim == 32
+    assert "model.pretrained='timm:vit_tiny_patch16_224' dropped" in capfd.readouterr().err
+
+    cifar = {**DIGITS, "_target_": "vitzoo.data.datamodules.CIFARDataModule", "name": "cifar10",
+             "root": str(tmp_path / "victim_folder"), "download": True}
+    path = checkpoint(tmp_path, name="cifar.ckpt", config={"data": cifar})
+    with pytest.raises(ConfigError, match=r"data.download=true"):  # offline: the data is not there, nothing fetched
+        eval_ckpt(path, tmp_path / "eval_cifar")
+    assert "data.download=true dropped" in capfd.readouterr().err
+    assert not (tmp_path / "victim_folder").exists() or not any((tmp_path / "victim_folder").iterdir())
+
+
+def test_an_export_never_reaches_the_network(tmp_path, no_network, capfd):
+    folder = exported(tmp_path)
+    edit_options(folder, pretrained="timm:vit_tiny_patch16_224")
+    assert vitzoo.load_model(folder).cfg.embed_dim == 32
+    assert "model.pretrained='timm:vit_tiny_patch16_224' dropped" in capfd.readouterr().err
+
+
+# ---- memory ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("embed_dim", [10**9, 4096])
+def test_an_oversized_export_config_fails_before_the_model_is_built(embed_dim, tmp_path, monkeypatch):
+    folder = exported(tmp_path)
+    edit_options(folder, embed_dim=embed_dim, num_heads=2)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was allocated before the size check")
+
+    monkeypatch.setattr("vitzoo.export.files.create_model", never)
+    pattern = r"out of range" if embed_dim > 16384 else r"describes at least \d+ parameters but the weights hold \d+"
+    with pytest.raises(ConfigError, match=pattern):
+        vitzoo.load_model(folder)
+
+
+def test_an_oversized_checkpoint_config_fails_before_the_model_is_built(tmp_path, monkeypatch):
+    hparams = {**HPARAMS, "model": {**HPARAMS["model"], "embed_dim": 4096}}
+    path = checkpoint(tmp_path, hyper_parameters=hparams)
+    monkeypatch.setattr("vitzoo.training.module.VitModule.__init__", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(ConfigError, match=r"describes at least \d+ parameters but the weights hold"):
+        VitModule.load_from_checkpoint(path)
+
+
+# ---- run folders, resume, metrics ----------------------------------------------------------------------------------
+def test_resume_picks_the_newest_readable_checkpoint(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    good = checkpoint(folder, name="best-epoch001.ckpt")
+    older = checkpoint(folder, name="best-epoch000.ckpt")
+    newest = checkpoint(folder, name="last.ckpt")
+    now = time.time()
+    for i, p in enumerate([older, good, newest]):
+        os.utime(p, (now + i, now + i))
+    assert latest_checkpoint(tmp_path) == newest
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated by a crash
+    assert latest_checkpoint(tmp_path) == good  # the next newest, not the oldest
+
+
+def test_truncated_last_ckpt_resumes_from_the_best_and_a_failure_keeps_finished_results(tmp_path, capsys):
+    first = run(tmp_path)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:200])
+    resumed = run(tmp_path, "ckpt_path=auto", "trainer.max_epochs=2")
+    assert resumed["status"] == "finished" and resumed["resumed_from"] == first["best_ckpt"]
+    assert "skipping last.ckpt" in capsys.readouterr().out
+
+    finished = (tmp_path / "run" / "results.json").read_text()
+    with pytest.raises(ConfigError, match=r"data.batch_size must be a positive integer"):
+        run(tmp_path, "ckpt_path=auto", "data.batch_size=0")
+    assert (tmp_path / "run" / "results.json").read_text() == finished
+
+
+def test_metrics_csv_has_each_epoch_once_after_a_resume(tmp_path):
+    run(tmp_path)
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+    rows = metrics.read_text().splitlines()
+    header = rows[0].split(",")
+    killed = [""] * len(header)  # a row the killed run logged after its last checkpoint
+    killed[header.index("epoch")], killed[header.index("step")] = "1", "99"
+    metrics.write_text("\n".join(rows + [",".join(killed)]) + "\n")
+    run(tmp_path, "ckpt_path=auto", "trainer.max_epochs=2")
+    seen = [(r["epoch"], r["step"], bool(r["val/acc"])) for r in read_csv(metrics)]
+    assert len(seen) == len(set(seen))  # each step and epoch once
+    assert {int(e) for e, _, _ in seen} == {0, 1}  # no row labelled past the last epoch, no killed-run row
+    assert all(int(s) < 99 for _, s, _ in seen)
+
+
+def test_rng_state_round_trips():
+    callback = RngState()
+    torch.manual_seed(1)
+    np.random.seed(1)
+    random.seed(1)
+    state = callback.state_dict()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(2)
+    np.random.seed(2)
+    random.seed(2)
+    callback.load_state_dict(state)
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    torch.testing.assert_close(got[0], expected[0])
+    assert np.array_equal(got[1], expected[1]) and got[2] == expected[2]
+
+
+STEPS = 3  # optimizer steps per epoch in the resume tests
+RESUME = ["data.augment=true", "model.drop_path_rate=0.3", f"trainer.limit_train_batches={STEPS}",
+          "trainer.max_epochs=3", "trainer.deterministic=true", "callbacks.model_checkpoint.save_top_k=-1"]
+
+
+def interrupted_at(tmp_path, monkeypatch, step: int) -> Path:
+    """A run stopped by Ctrl-C when optimizer step ``step`` is about to run; its folder."""
+    original = VitModule.training_step
+
+    def stop(self, batch, batch_idx):
+        if self.global_step == step:
+            raise KeyboardInterrupt
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(VitModule, "training_step", stop)
+    with pytest.raises(SystemExit, match="interrupted; resume with ckpt_path=auto"):
+        run(tmp_path, *RESUME, folder="resumed")
+    monkeypatch.setattr(VitModule, "training_step", original)
+    return tmp_path / "resumed"
+
+
+@pytest.mark.parametrize("newest", ["intact", "corrupt"])
+def test_resume_with_augmentation_and_drop_path_is_bit_exact(newest, tmp_path, monkeypatch):
+    """Random crops and stochastic depth draw numbers every step: a resume that lost the RNG state ends with
+    other weights; with several checkpoints on disk it starts from the newest readable one."""
+    straight = run(tmp_path, *RESUME, folder="straight")
+    folder = interrupted_at(tmp_path, monkeypatch, 2 * STEPS)  # epochs 0 and 1 done, each with a checkpoint
+    ckpts = folder / "checkpoints"
+    assert {p.name for p in ckpts.glob("*.ckpt")} == {"best-epoch000.ckpt", "best-epoch001.ckpt", "last.ckpt"}
+    if newest == "corrupt":
+        (ckpts / "last.ckpt").write_bytes((ckpts / "last.ckpt").read_bytes()[:300])
+    resumed = run(tmp_path, *RESUME, "ckpt_path=auto", folder="resumed")
+    assert Path(resumed["resumed_from"]).name == ("last.ckpt" if newest == "intact" else "best-epoch001.ckpt")
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
+    b = torch.load(ckpts / "last.ckpt", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 3 * STEPS
+    for key, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][key]), key
+    assert straight["best_val_acc"] == resumed["best_val_acc"]
+
+
+# ---- data and prediction -------------------------------------------------------------------------------------------
+def test_a_corrupt_image_is_named_with_worker_processes(tmp_path):
+    root = image_tree(tmp_path / "imgs", per_class=4)
+    (root / "train" / "a" / "0.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(ConfigError, match=r"^cannot read image .*/a/0.jpg \(") as err:
+        run(tmp_path, "data=imagefolder", f"data.root={root}", "data.num_workers=2", "data.val_fraction=0.5",
+            "data.batch_size=2", "data.img_size=32", "trainer.limit_train_batches=null")
+    assert "\n" not in str(err.value) and "DataLoader worker" not in str(err.value)
+
+
+def test_hidden_folders_are_not_classes(tmp_path):
+    from test_bad_inputs import data_module
+
+    root = image_tree(tmp_path / "imgs")
+    image_tree(root, classes=(".ipynb_checkpoints",))
+    assert data_module(root).num_classes == 2
+
+
+def predictor(classes) -> Predictor:
+    data = {"img_size": 8, "mean": [0.5] * 3, "std": [0.5] * 3, "classes": classes}
+    return Predictor(lambda x: torch.arange(3.0).expand(x.shape[0], 3), data)
+
+
+def test_predict_reports_a_bad_image_on_its_own_line_and_goes_on(tmp_path):
+    root = image_tree(tmp_path / "imgs", classes=("a",), per_class=3)
+    files = sorted((root / "train" / "a").glob("*.jpg"))
+    files[1].write_bytes(b"not an image")
+    out = list(predict_files(predictor(["x", "y", "z"]), files, topk=1, batch_size=2))
+    assert [f for f, _ in out] == files
+    assert isinstance(out[1][1], ConfigError) and str(files[1]) in str(out[1][1])
+    assert out[0][1][0][0] == "z" and out[2][1][0][0] == "z"
+
+
+@pytest.mark.parametrize("option", [{"topk": 0}, {"batch_size": 0}, {"topk": "3"}])
+def test_predict_options_are_positive_integers(option, tmp_path):
+    files = sorted(image_tree(tmp_path / "imgs", classes=("a",)).rglob("*.jpg"))
+    with pytest.raises(ConfigError, match=rf"^{next(iter(option))} must be a positive integer"):
+        list(predict_files(predictor(["x", "y", "z"]), files, **option))
+
+
+def test_a_huge_saved_img_size_is_refused_before_any_image_is_read(tmp_path):
+    files = sorted(image_tree(tmp_path / "imgs", classes=("a",)).rglob("*.jpg"))
+    data = {"img_size": 10**6, "mean": [0.5] * 3, "std": [0.5] * 3}
+    with pytest.raises(ConfigError, match=r"the saved data.img_size=1000000 is not an integer in \[1, 4096\]"):
+        list(predict_files(Predictor(lambda x: x, data), files))
+
+
+def test_class_names_cannot_forge_output_lines(tmp_path, capsys):
+    folder = exported(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    classes = [f"c{i}" for i in range(10)]
+    classes[:] = ["cat\nfake.jpg: dog 1.000"] * 10
+    config["data"] = {"img_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3, "classes": classes}
+    (folder / "config.json").write_text(json.dumps(config))
+    image = image_tree(tmp_path / "imgs", classes=("a",), per_class=1) / "train" / "a" / "0.jpg"
+    predict = load_file("scripts", "predict")
+    assert predict.main([str(folder), str(image), "topk=1"]) == 0
+    out = capsys.readouterr().out
+    assert len(out.strip().splitlines()) == 1 and "cat\\nfake.jpg" in out
