@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -131,11 +130,3 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def compose_cfg(overrides, out_dir, config: str = "train"):
-    """``configs/<config>.yaml`` composed with ``overrides`` (as the command line would), writing into ``out_dir``."""
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose(config, overrides=list(overrides))
-    cfg.paths.output_dir = str(out_dir)
-    return cfg

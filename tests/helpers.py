@@ -20,32 +20,36 @@ BENCH_TINY = dict(warmup=1, repeats=1, min_time=0.0, max_time=10.0, threads=1, l
                   layer_batch=1, layer_window=4)
 
 
-
-def compose_cfg(overrides, out_dir, config: str = "train"):
-    """``vitzoo/conf/<config>.yaml`` composed with ``overrides`` (as the command line would), writing into ``out_dir``.
+def compose_cfg(overrides=(), out_dir=None, config: str = "train", hydra: bool = False):
+    """``vitzoo/conf/<config>.yaml`` composed with ``overrides`` (as the command line would).
 
     Args:
         overrides: command-line style overrides, e.g. ``["attention=window", "+model.depth=1"]``.
-        out_dir: the run folder (``paths.output_dir``).
+        out_dir: the run folder (``paths.output_dir``); None leaves it unset (as composed).
         config: ``train`` or ``eval``.
+        hydra: also compose the ``hydra`` node (launcher, sweep and run folders), as a running job has it.
     """
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config, overrides=list(overrides))
-    cfg.paths.output_dir = str(out_dir)
+        cfg = compose(config, overrides=list(overrides), return_hydra_config=hydra)
+    if out_dir is not None:
+        cfg.paths.output_dir = str(out_dir)
     return cfg
 
 
-def run_entry(script: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python <script> <args>`` from the checkout (``train.py`` or ``eval.py``), output captured as text.
+def run_entry(script: str, *args: str, env: dict | None = None, cwd: Path = ROOT,
+              timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python <script> <args>`` (``train.py`` or ``eval.py``), output captured as text.
 
     Args:
-        script: ``train.py`` or ``eval.py``.
+        script: ``train.py`` or ``eval.py`` (relative to ``cwd``).
         args: its command-line arguments.
-        env: extra environment variables (WANDB offline and one thread are always set).
+        env: extra environment variables, over the defaults: WANDB offline, one thread and Hydra's one-line
+            errors (``HYDRA_FULL_ERROR=0``).
+        cwd: folder it runs in (the checkout).
         timeout: seconds before the run is killed.
     """
-    full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, script, *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
+    full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run([sys.executable, script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -67,21 +71,30 @@ def load_file(folder: str, name: str) -> ModuleType:
     return module
 
 
-def image_folder(root: Path, classes=("cat", "dog"), per_class: int = 4, size: int = 12) -> Path:
-    """``root/<class>/<i>.png`` random RGB images (ImageNet layout); returns ``root``.
+def image_folder(root: Path, classes=("cat", "dog"), per_class: int = 4, size: int = 12, split: str | None = None,
+                 colour_steps: tuple[int, int] | None = None) -> Path:
+    """``root[/<split>]/<class>/<i>.png`` RGB images (ImageNet layout); returns ``root``.
 
     Args:
         root: folder to fill (created).
         classes: class folder names.
         per_class: images per class.
         size: image side in pixels.
+        split: a ``train`` / ``val`` folder between ``root`` and the class folders; None: none.
+        colour_steps: ``(a, b)``: image ``i`` of class ``c`` is the solid colour ``(a·c, b·i, 100)``;
+            None: random pixels.
     """
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for c in classes:
-        (root / c).mkdir(parents=True, exist_ok=True)
+    base = root / split if split else root
+    for c, name in enumerate(classes):
+        (base / name).mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
-            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+            if colour_steps is None:
+                image = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+            else:
+                image = Image.new("RGB", (size, size), (colour_steps[0] * c, colour_steps[1] * i, 100))
+            image.save(base / name / f"{i}.png")
     return root

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from conftest import CONFIGS
-from hydra import compose, initialize_config_dir
+from helpers import compose_cfg
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
@@ -20,11 +20,6 @@ GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONFIGS / g).glob("*.yaml"))]
 # training configs (the attention group follows its own convention, checked in test_attention.py)
 ALL_YAML = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "attention")
-
-
-def compose_cfg(overrides=(), config="train", hydra=False):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose(config, overrides=list(overrides), return_hydra_config=hydra)
 
 
 def resolved(cfg, tmp_path):

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from helpers import image_folder
 from PIL import Image
 
 from vitzoo.data.augment import BatchAugment, random_crop
@@ -12,14 +13,8 @@ from vitzoo.data.datamodules import ImageFolderDataModule
 from vitzoo.registry import ConfigError
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-
-
-def make_folder(root, classes=("cat", "dog"), per_class=6, size=20):
-    for c, name in enumerate(classes):
-        d = root / "train" / name
-        d.mkdir(parents=True)
-        for i in range(per_class):
-            Image.new("RGB", (size, size), (40 * c, 10 * i, 100)).save(d / f"{i}.png")
+# two classes of six solid-colour 20×20 images under <root>/train, image i of class c coloured (40·c, 10·i, 100)
+FOLDER = dict(classes=("cat", "dog"), per_class=6, size=20, split="train", colour_steps=(40, 10))
 
 
 def cached_dm(root, cache_dir, **kw):
@@ -30,7 +25,7 @@ def cached_dm(root, cache_dir, **kw):
 
 
 def test_cache_is_built_once_and_rebuilt_when_a_file_changes(tmp_path):
-    make_folder(tmp_path / "data")
+    image_folder(tmp_path / "data", **FOLDER)
     cache = tmp_path / "cache"
     dm = cached_dm(tmp_path / "data", cache)
     files = sorted(cache.glob("*.pt"))
@@ -51,7 +46,7 @@ def test_cache_is_built_once_and_rebuilt_when_a_file_changes(tmp_path):
 
 
 def test_device_augment_loader_yields_uint8_batches_normalised_after_transfer(tmp_path):
-    make_folder(tmp_path / "data")
+    image_folder(tmp_path / "data", **FOLDER)
     dm = cached_dm(tmp_path / "data", tmp_path / "cache", device_augment=True, policy="trivial")
     idx, y, data = next(iter(dm.val_dataloader()))  # indices: the images stay where they are
     x = data.images[idx]

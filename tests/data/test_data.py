@@ -6,6 +6,7 @@ import urllib.error
 import pytest
 import torch
 from conftest import CIFAR_ROOT
+from helpers import image_folder
 from PIL import Image
 
 from vitzoo.data.datamodules import CIFARDataModule, DigitsDataModule, ImageFolderDataModule
@@ -75,19 +76,15 @@ def test_cifar_offline_download_is_one_line(tmp_path, monkeypatch):
     )
 
 
-def make_folder(root, split, classes=("cat", "dog"), per_class=5, size=12):
-    for c, name in enumerate(classes):
-        d = root / split / name
-        d.mkdir(parents=True)
-        for i in range(per_class):
-            Image.new("RGB", (size, size), (40 * c, 10 * i, 100)).save(d / f"{i}.png")
+# cat/dog folders of solid-colour 12×12 images, image i of class c coloured (40·c, 10·i, 100)
+COLOURED = dict(classes=("cat", "dog"), size=12, colour_steps=(40, 10))
 
 
 @pytest.mark.parametrize("with_val", [False, True])
 def test_imagefolder_layouts(tmp_path, with_val):
-    make_folder(tmp_path, "train", per_class=10)
+    image_folder(tmp_path, per_class=10, split="train", **COLOURED)
     if with_val:
-        make_folder(tmp_path, "val", per_class=3)
+        image_folder(tmp_path, per_class=3, split="val", **COLOURED)
     dm = ImageFolderDataModule(name="imagefolder", root=str(tmp_path), img_size=16, batch_size=4, val_fraction=0.2)
     dm.setup("fit")
     assert dm.classes == ["cat", "dog"] and dm.num_classes == 2
@@ -99,7 +96,7 @@ def test_imagefolder_layouts(tmp_path, with_val):
 def test_imagefolder_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"data.root=.*does not exist"):
         ImageFolderDataModule(name="imagefolder", root=str(tmp_path / "nowhere")).setup()
-    make_folder(tmp_path, "train")
+    image_folder(tmp_path, per_class=5, split="train", **COLOURED)
     with pytest.raises(ConfigError, match="data.num_classes=5 but imagefolder has 2 classes"):
         ImageFolderDataModule(name="imagefolder", root=str(tmp_path), num_classes=5, val_fraction=0.2).setup()
 
@@ -222,8 +219,8 @@ def test_cifar_path_normalises_with_the_configured_mean_and_std(tmp_path, monkey
 
 @pytest.mark.parametrize("img_size", [16, 96])  # small-image path and timm's transform
 def test_imagefolder_path_normalises_with_the_configured_mean_and_std(tmp_path, img_size):
-    make_folder(tmp_path, "train", per_class=4)
-    make_folder(tmp_path, "val", per_class=2)  # colours (40·c, 10·i, 100)
+    image_folder(tmp_path, per_class=4, split="train", **COLOURED)
+    image_folder(tmp_path, per_class=2, split="val", **COLOURED)  # colours (40·c, 10·i, 100)
     dm, cfg = data_module(
         ["data=imagefolder", f"data.root={tmp_path}", f"model.img_size={img_size}", "data.num_workers=0"]
     )

@@ -9,13 +9,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, compose_cfg
+from helpers import compose_cfg, run_entry
 from PIL import Image
 
 import vitzoo
@@ -317,15 +315,7 @@ def eval_other_classes(tmp_path):
 
 def cli(*args):
     def call(tmp_path):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-        proc = subprocess.run(
-            [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path}"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        proc = run_entry("train.py", *args, f"hydra.run.dir={tmp_path}", timeout=120)
         last = proc.stderr.strip().splitlines()[-1]  # (after any library warnings)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Could not find" not in proc.stderr, (
             proc.stderr[-2000:]

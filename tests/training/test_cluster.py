@@ -5,19 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import CONFIGS
-from hydra import compose, initialize_config_dir
+from helpers import compose_cfg
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs train.yaml composes)
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-
-
-def compose_cfg(overrides, hydra=False):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 
 def test_slurm_launcher_generates_the_submitit_job(tmp_path, monkeypatch):

@@ -3,15 +3,11 @@ EMA and a warm-up that is a share of the run; the long-sequence experiment; a sw
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT
-from hydra import compose, initialize_config_dir
-from PIL import Image
+from conftest import ROOT
+from helpers import compose_cfg, image_folder, run_entry
 
 from vitzoo.training import OptimConfig, evaluate, train
 from vitzoo.training.module import warmup_steps
@@ -19,6 +15,8 @@ from vitzoo.training.module import warmup_steps
 TINY_VIT = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2"]
 QUIET = ["trainer.enable_progress_bar=false", "callbacks.rich_progress_bar=null", "trainer.num_sanity_val_steps=0",
          "trainer.log_every_n_steps=1", "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1"]
+# three classes of solid-colour 32×32 images under <root>/train (image_folder)
+FOLDER = dict(classes=("cat", "dog", "frog"), size=32, split="train", colour_steps=(80, 25))
 
 
 @pytest.fixture(autouse=True)
@@ -29,22 +27,6 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def make_folder(root, classes=("cat", "dog", "frog"), per_class=8, size=32):
-    for c, name in enumerate(classes):
-        d = root / "train" / name
-        d.mkdir(parents=True)
-        for i in range(per_class):
-            Image.new("RGB", (size, size), (80 * c, 25 * i, 100)).save(d / f"{i}.png")
-    return root
-
-
-def compose_cfg(overrides, out_dir):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=list(overrides))
-    cfg.paths.output_dir = str(out_dir)
-    return cfg
-
-
 def test_warmup_is_a_share_of_the_run():
     assert warmup_steps(OptimConfig(warmup_fraction=0.05), 1000, 3) == 50
     assert warmup_steps(OptimConfig(warmup_epochs=5), 1000, 3) == 500  # the old clip: half of a short run
@@ -52,7 +34,7 @@ def test_warmup_is_a_share_of_the_run():
 
 
 def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
-    data = make_folder(tmp_path / "data")
+    data = image_folder(tmp_path / "data", per_class=8, **FOLDER)
     cfg = compose_cfg(
         [
             "experiment=cifar10_vit",
@@ -80,7 +62,7 @@ def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
     assert any(not torch.equal(raw[k], ema[k]) for k in ema if k.startswith("net."))
 
     report = evaluate(
-        eval_cfg(
+        compose_cfg(
             [
                 f"ckpt_path={results['best_ckpt']}",
                 "benchmark.steps=1",
@@ -88,16 +70,10 @@ def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
                 "trainer.enable_progress_bar=false",
             ],
             tmp_path / "eval",
+            config="eval",
         )
     )
     assert report["num_val_images"] == 6 and report["preprocessing"]["mean"] == list(cfg.data.mean)
-
-
-def eval_cfg(overrides, out_dir):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("eval", overrides=list(overrides))
-    cfg.paths.output_dir = str(out_dir)
-    return cfg
 
 
 def test_mixup_with_an_odd_batch_fails_before_training(tmp_path):
@@ -110,7 +86,7 @@ def test_mixup_with_an_odd_batch_fails_before_training(tmp_path):
 
 
 def test_cifar10_pixels_smoke(tmp_path):
-    data = make_folder(tmp_path / "data", per_class=4)
+    data = image_folder(tmp_path / "data", per_class=4, **FOLDER)
     cfg = compose_cfg(
         [
             "experiment=cifar10_pixels",
@@ -131,13 +107,6 @@ def test_cifar10_pixels_smoke(tmp_path):
     assert cfg.model.patch_size == 1
     results = train(cfg)
     assert results["status"] == "finished" and results["train_images_per_s"] and results["peak_memory_mb"] is not None
-
-
-def run(*args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
 
 
 @pytest.mark.slow
@@ -170,8 +139,9 @@ def test_sweep_skips_finished_jobs_and_resumes_killed_ones(tmp_path):
     status = json.loads((killed / "results.json").read_text())
     (killed / "results.json").write_text(json.dumps({**status, "status": "running"}))  # what a SIGKILL leaves
 
-    proc = run(
-        "-m", *common, "attention=global,linear", "ckpt_path=auto", "skip_finished=true", f"hydra.sweep.dir={sweep}"
+    proc = run_entry(
+        "train.py", "-m", *common, "attention=global,linear", "ckpt_path=auto", "skip_finished=true",
+        f"hydra.sweep.dir={sweep}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((finished / "results.json").read_text()) == fabricated  # not trained again
@@ -185,7 +155,7 @@ def test_sweep_skips_finished_jobs_and_resumes_killed_ones(tmp_path):
 def test_data_speed_smoke(tmp_path):
     from vitzoo.bench.data_speed import measure
 
-    data = make_folder(tmp_path / "data", per_class=4)
+    data = image_folder(tmp_path / "data", per_class=4, **FOLDER)
     overrides = [
         f"data.root={data}",
         f"data.cache_dir={tmp_path / 'cache'}",

@@ -7,7 +7,8 @@ import math
 import os
 
 import pytest
-from conftest import ROOT, compose_cfg
+from conftest import ROOT
+from helpers import compose_cfg
 
 from vitzoo.bench.ranking import BEGIN, END, aggregate, rank_records, top_backends
 from vitzoo.registry import ConfigError

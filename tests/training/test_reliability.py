@@ -13,7 +13,8 @@ import textwrap
 import pandas as pd
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, compose_cfg
+from conftest import CONFIGS, ROOT
+from helpers import compose_cfg, run_entry
 
 from vitzoo.training import VitModule, train
 from vitzoo.training.resume import AtomicCheckpointIO, TrainingDiverged
@@ -73,8 +74,7 @@ def test_sigkill_mid_epoch_then_auto_resume_from_the_command_line(tmp_path):
     assert killed["global_step"] == STEPS_PER_EPOCH + 2 and killed["epoch"] == 1  # the mid-epoch step checkpoint
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
 
-    proc = subprocess.run([sys.executable, "train.py", *TINY, *every, "ckpt_path=auto", f"hydra.run.dir={run_dir}"],
-                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    proc = run_entry("train.py", *TINY, *every, "ckpt_path=auto", f"hydra.run.dir={run_dir}", env=env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the previous run was killed; treating it as interrupted" in proc.stdout
     assert f"ckpt_path=auto: resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in proc.stdout

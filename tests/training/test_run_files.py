@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import compose_cfg
-from helpers import load_file, read_csv
+from helpers import compose_cfg, load_file, read_csv
 from test_bad_inputs import DIGITS, HPARAMS, TINY, checkpoint, edit_options, exported, image_tree
 
 import vitzoo

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from conftest import CIFAR_ROOT, CONFIGS, ROOT, compose_cfg
+from conftest import CIFAR_ROOT, CONFIGS
+from helpers import compose_cfg, run_entry
 
 import vitzoo
 from vitzoo.layers.block import Block
@@ -300,20 +299,13 @@ def test_imagefolder_training_on_shared_cifar10(tmp_path):
     assert results["status"] == "finished" and results["data"] == "imagefolder" and results["epochs"] == 1
 
 
-def run(script, *args, cwd=ROOT):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [sys.executable, script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
 @pytest.mark.slow
 def test_entry_points_multirun_and_eval(tmp_path):
     """`train.py -m` with one good and one bad job: the sweep finishes both, records the failure, exits 1;
     then `eval.py` on the good job's checkpoint."""
     sweep = tmp_path / "sweep"
     args = [a for a in tiny() if not a.startswith("+model.num_heads")]
-    proc = run("train.py", "-m", *args, "+model.num_heads=2,5", f"hydra.sweep.dir={sweep}")
+    proc = run_entry("train.py", "-m", *args, "+model.num_heads=2,5", f"hydra.sweep.dir={sweep}", timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     jobs = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
     assert sorted(r["status"] for r in jobs.values()) == ["failed", "finished"], jobs
@@ -323,12 +315,13 @@ def test_entry_points_multirun_and_eval(tmp_path):
     assert "1 of 2 jobs failed" in proc.stderr
 
     good = next(r for r in jobs.values() if r["status"] == "finished")
-    proc = run(
+    proc = run_entry(
         "eval.py",
         f"ckpt_path={good['best_ckpt']}",
         f"hydra.run.dir={tmp_path / 'eval'}",
         "benchmark.steps=2",
         "trainer.enable_progress_bar=false",
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(open(good["best_ckpt"][:-5] + ".digits.eval.json").read())
@@ -337,7 +330,7 @@ def test_entry_points_multirun_and_eval(tmp_path):
 
 @pytest.mark.slow
 def test_entry_point_single_run_error_is_one_line(tmp_path):
-    proc = run("train.py", "model.img_size=30", f"hydra.run.dir={tmp_path}")
+    proc = run_entry("train.py", "model.img_size=30", f"hydra.run.dir={tmp_path}", timeout=300)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert (
