@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention.base import Grid, QKVAttention, check_positive
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_positive
 
 HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the sample index (odd, spread over N)
 
@@ -51,17 +51,22 @@ class ProbSparseAttention(QKVAttention):
 
     Args:
         cfg: ProbSparseConfig.
-        ctx: dims, heads, grid, prefix tokens and layer index (it offsets the sampled keys).
+        ctx: dims, heads, grid, prefix tokens and layer index (it offsets the sampled keys; a saved buffer).
     """
 
     formula = "4NC² + NUC + 2uNC"
+
+    def __init__(self, cfg: ProbSparseConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        # the layer's offset of the sampled keys: saved with the weights, so a loaded model samples the same keys
+        self.register_buffer("sample_layer", torch.tensor(ctx.layer_index, dtype=torch.int64))
 
     def samples(self, n: int, device: torch.device) -> Tensor:
         """Sampled key indices ``[n, U]`` (:func:`sample_index` as tensor arithmetic)."""
         u = sample_count(self.cfg.factor, n)
         i = torch.arange(n, device=device)[:, None]
         s = torch.arange(u, device=device)[None, :]
-        return (i * HASH_A + s * HASH_B + self.layer_index * HASH_L) % n  # [n, U]
+        return (i * HASH_A + s * HASH_B + self.sample_layer * HASH_L) % n  # [n, U]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         B, h, N, d = q.shape
@@ -86,7 +91,7 @@ class ProbSparseAttention(QKVAttention):
         """Per (image, head): the measurement from explicit samples, a sort, then full softmax rows."""
         B, h, N, d = q.shape
         U = sample_count(self.cfg.factor, N)
-        cols = torch.tensor([[sample_index(i, s, self.layer_index, N) for s in range(U)] for i in range(N)])
+        cols = torch.tensor([[sample_index(i, s, int(self.sample_layer), N) for s in range(U)] for i in range(N)])
         out = torch.empty_like(q)
         for b in range(B):
             for j in range(h):
