@@ -6,7 +6,7 @@ import torch
 from conftest import ATTENTION_NAMES
 
 from vitzoo.attention import ConfigError
-from vitzoo.flops import flop_analysis
+from vitzoo.flops import count_flops, flop_analysis
 from vitzoo.layers.token_reduction import SEQUENCE_BACKENDS, ToMe, ToMeConfig, _global_attention
 from vitzoo.models import create_model
 
@@ -138,3 +138,14 @@ def test_bad_reductions_are_one_line_config_errors(spec, attention, kw, match):
 def test_swin_rejects_token_reduction_naming_both_options():
     with pytest.raises(ConfigError, match="model.token_reduction=tome needs a ViT: Swin's patch merging"):
         create_model("swin_cifar", attention="global", token_reduction="tome")
+
+
+@pytest.mark.parametrize("reduction,attention", [("tome", "global"), ("tome", "linear"), ("evit", "global"),
+                                                 ("tokenlearner", "global")])
+def test_breakdown_rows_each_equal_fvcore(reduction, attention):
+    """Every row of the FLOPs breakdown (blocks, their norms, projections, reducer, MLP) is exact."""
+    report = count_flops(create_model("vit_cifar", attention=attention, token_reduction=reduction, depth=4))
+    assert report.analytic == report.measured
+    assert any(row.name.endswith("reducer") for row in report.modules)
+    for row in report.modules:
+        assert row.analytic == row.measured, (row.name, row.analytic, row.measured)

@@ -62,8 +62,12 @@ class Block(nn.Module):
         Yields:
             ``(name, module, size)``: the grid for the mixer, the token count N for norms and MLP.
         """
+        if self.reducer is not None:  # the parts its reduction runs, each at its own token count
+            yield from self.reducer.parts(self, grid, self.attn.seq_len(grid))
+            return
+        yield from self.plain_parts(grid)
+
+    def plain_parts(self, grid: Grid) -> list[tuple[str, nn.Module, Any]]:
+        """:meth:`flops_children` of the block without reduction at ``grid``."""
         n = self.attn.seq_len(grid)
-        yield "norm1", self.norm1, n
-        yield "attn", self.attn, grid
-        yield "norm2", self.norm2, n
-        yield "mlp", self.mlp, n
+        return [("norm1", self.norm1, n), ("attn", self.attn, grid), ("norm2", self.norm2, n), ("mlp", self.mlp, n)]

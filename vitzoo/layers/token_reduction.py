@@ -107,15 +107,20 @@ def check_backend(spec: Any, attention: Any, class_token: bool) -> None:
         check(class_token, f"{opt} needs model.class_token=true")
 
 
-def build_reducers(spec: Any, attention: Any, depth: int, num_prefix: int, dim: int) -> dict[int, nn.Module]:
-    """The reducer of each block that has one, by block index.
+def attach_reducers(spec: Any, attention: Any, blocks: nn.ModuleList, num_prefix: int) -> None:
+    """Set ``block.reducer`` of each block that reduces tokens.
 
     Args:
-        spec: ``model.token_reduction``; attention: the blocks' attention spec; depth, num_prefix, dim: the model's.
+        spec: ``model.token_reduction``; attention: the blocks' attention spec; blocks: the model's blocks;
+        num_prefix: prefix tokens P.
     """
     cfg = reduction_config(spec)
     cls = REDUCTIONS.get(REDUCTIONS.name_of(cfg))[0]
-    return cls.for_blocks(cfg, depth, num_prefix, dim, ATTENTION.name_of(attention_config(attention)))
+    dim, head_dim = blocks[0].attn.dim, blocks[0].attn.head_dim
+    name = ATTENTION.name_of(attention_config(attention))
+    for i, reducer in cls.for_blocks(cfg, len(blocks), num_prefix, dim, name).items():
+        reducer.dims = (dim, head_dim)  # (C, d) of the host block's mixer
+        blocks[i].reducer = reducer
 
 
 def sequence_grid(n: int, num_prefix: int) -> Grid:
@@ -138,14 +143,45 @@ class TokenReducer(nn.Module):
         """Tokens after the block, from ``n`` before it."""
         raise NotImplementedError  # pragma: no cover
 
-    def block_flops(self, block: nn.Module, grid: Grid, n: int) -> int:
-        """MACs of the block on ``n`` tokens (at ``grid`` while no token has been reduced)."""
+    def parts(self, block: nn.Module, grid: Grid, n: int) -> list[tuple[str, nn.Module, Any]]:
+        """``(name, module, size)`` of what the block runs on ``n`` tokens (at ``grid``), in the order it
+        runs them; the reducer itself is the part ``"reducer"`` with size ``(grid, n)``."""
         raise NotImplementedError  # pragma: no cover
 
+    def flops(self, size: tuple[Grid, int]) -> int:
+        """MACs of the ops the reducer runs itself (not those of the block's modules it calls)."""
+        raise NotImplementedError  # pragma: no cover
 
-def _mlp_flops(block: nn.Module, n: int) -> int:
-    """fc1 + fc2 of the block's MLP on n tokens."""
-    fc1, fc2 = block.mlp.fc1, block.mlp.fc2
+    def block_flops(self, block: nn.Module, grid: Grid, n: int) -> int:
+        """MACs of the block on ``n`` tokens (at ``grid`` while no token has been reduced): its parts' sum."""
+        return sum(_part_flops(module, size) for _, module, size in self.parts(block, grid, n))
+
+
+def _part_flops(module: nn.Module, size: Any) -> int:
+    """A part's MACs: its own ``flops(size)``, or a linear / norm / MLP on ``size`` tokens."""
+    if hasattr(module, "flops"):
+        return module.flops(size)
+    if isinstance(module, nn.Linear):
+        return size * module.in_features * module.out_features
+    if isinstance(module, nn.LayerNorm):
+        return layernorm_flops(size * module.normalized_shape[0])
+    return _mlp_flops(module, size)
+
+
+def _head_parts(block: nn.Module, grid: Grid, n: int, global_path: bool) -> list[tuple[str, nn.Module, Any]]:
+    """norm1, then the mixer: whole, or (``global`` run by the reducer) only its two projections."""
+    if not global_path:
+        return [("norm1", block.norm1, n), ("attn", block.attn, grid)]
+    return [("norm1", block.norm1, n), ("attn.qkv", block.attn.qkv, n), ("attn.proj", block.attn.proj, n)]
+
+
+def _tail_parts(block: nn.Module, n: int) -> list[tuple[str, nn.Module, Any]]:
+    return [("norm2", block.norm2, n), ("mlp", block.mlp, n)]
+
+
+def _mlp_flops(mlp: nn.Module, n: int) -> int:
+    """fc1 + fc2 of an MLP on n tokens."""
+    fc1, fc2 = mlp.fc1, mlp.fc2
     return n * (fc1.in_features * fc1.out_features + fc2.in_features * fc2.out_features)
 
 
@@ -170,9 +206,12 @@ class ToMe(TokenReducer):
         ``global`` (keys as the similarity, size-weighted attention).
     """
 
+    formula = "2N²C (global) + ⌈N/2⌉·⌊N/2⌋·c"  # the reducer's own ops (the block's modules it calls have their rows)
+
     def __init__(self, cfg: ToMeConfig, num_prefix: int, use_keys: bool):
         super().__init__()
         self.r, self.num_prefix, self.use_keys = cfg.r, num_prefix, use_keys
+        self.dims = (0, 0)  # (C, d) of the host block's mixer, set by attach_reducers
 
     @classmethod
     def for_blocks(cls, cfg: ToMeConfig, depth: int, num_prefix: int, dim: int, attention: str):
@@ -218,13 +257,15 @@ class ToMe(TokenReducer):
         size = xs[..., -1:]
         return xs[..., :-1] / size, size
 
-    def block_flops(self, block, grid, n):
-        a, b = (n + 1) // 2, n // 2
-        metric_dim = block.attn.head_dim if self.use_keys else block.attn.dim
-        out = self.reduced(n)
-        merge = a * b * metric_dim if self.merged(n) > 0 else 0  # cosine similarity of A and B
-        return (layernorm_flops(n * block.attn.dim) + block.attn.flops(grid) + merge
-                + layernorm_flops(out * block.attn.dim) + _mlp_flops(block, out))
+    def parts(self, block, grid, n):
+        return [*_head_parts(block, grid, n, self.use_keys), ("reducer", self, (grid, n)),
+                *_tail_parts(block, self.reduced(n))]
+
+    def flops(self, size):
+        (_, n), (C, d) = size, self.dims
+        attention = 2 * n * n * C if self.use_keys else 0  # size-weighted QKᵀ and AV: N·N·d per head each
+        merge = ((n + 1) // 2) * (n // 2) * (d if self.use_keys else C) if self.merged(n) > 0 else 0  # A·Bᵀ
+        return attention + merge
 
 
 @REDUCTIONS.register("evit", EViTConfig)
@@ -235,9 +276,12 @@ class EViT(TokenReducer):
         cfg: EViTConfig; num_prefix: 1 (the class token).
     """
 
+    formula = "2N²C + NC + (N − 1 − k)C"  # the reducer's own ops (the block's modules it calls have their rows)
+
     def __init__(self, cfg: EViTConfig, num_prefix: int):
         super().__init__()
         self.keep_rate, self.num_prefix = cfg.keep_rate, num_prefix
+        self.dims = (0, 0)  # (C, d) of the host block's mixer, set by attach_reducers
 
     @classmethod
     def for_blocks(cls, cfg: EViTConfig, depth: int, num_prefix: int, dim: int, attention: str):
@@ -272,11 +316,13 @@ class EViT(TokenReducer):
         x = torch.cat(parts, dim=1)
         return _finish(block, x), sequence_grid(x.shape[1], 1), size
 
-    def block_flops(self, block, grid, n):
-        C, out, keep = block.attn.dim, self.reduced(n), self.kept(n)
-        extra = n * C + (n - 1 - keep) * C  # class-token attention row; the fused token's weighted sum
-        return (layernorm_flops(n * C) + block.attn.flops(grid) + extra + layernorm_flops(out * C)
-                + _mlp_flops(block, out))
+    def parts(self, block, grid, n):
+        return [*_head_parts(block, grid, n, True), ("reducer", self, (grid, n)), *_tail_parts(block, self.reduced(n))]
+
+    def flops(self, size):
+        (_, n), C = size, self.dims[0]
+        # QKᵀ and AV (N·N·d per head each), the class token's attention row (N·d per head), the fused token
+        return 2 * n * n * C + n * C + (n - 1 - self.kept(n)) * C
 
 
 @REDUCTIONS.register("tokenlearner", TokenLearnerConfig)
@@ -286,6 +332,8 @@ class TokenLearner(TokenReducer):
     Args:
         cfg: TokenLearnerConfig; num_prefix: prefix tokens (kept); dim: channels C.
     """
+
+    formula = "5MC + MC² + 2MSC"  # the reducer's own ops (the block's modules it calls have their rows)
 
     def __init__(self, cfg: TokenLearnerConfig, num_prefix: int, dim: int):
         super().__init__()
@@ -312,11 +360,14 @@ class TokenLearner(TokenReducer):
         grid = sequence_grid(x.shape[1], P)
         return block(x, grid), grid, size  # Block.forward runs the block itself (its reducer is called by the model)
 
-    def block_flops(self, block, grid, n):
-        C, M, S = block.attn.dim, n - self.num_prefix, self.num_tokens
-        learner = layernorm_flops(M * C) + M * C * C + M * C * S + S * M * C  # norm, MLP, pooling
-        return learner + block.plain_flops(sequence_grid(self.reduced(n), self.num_prefix))
+    def parts(self, block, grid, n):
+        return [("reducer", self, (grid, n)), *block.plain_parts(sequence_grid(self.reduced(n), self.num_prefix))]
+
+    def flops(self, size):
+        (_, n), C, S = size, self.norm.normalized_shape[0], self.num_tokens
+        M = n - self.num_prefix
+        return layernorm_flops(M * C) + M * C * C + M * C * S + S * M * C  # norm, MLP, pooling
 
 
-__all__ = ["REDUCTIONS", "SEQUENCE_BACKENDS", "TokenReducer", "build_reducers", "check_backend",
+__all__ = ["REDUCTIONS", "SEQUENCE_BACKENDS", "TokenReducer", "attach_reducers", "check_backend",
            "reduction_config", "sequence_grid"]

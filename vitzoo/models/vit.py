@@ -18,7 +18,7 @@ from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
-from vitzoo.layers.token_reduction import build_reducers, check_backend, reduction_config, sequence_grid
+from vitzoo.layers.token_reduction import attach_reducers, check_backend, reduction_config, sequence_grid
 from vitzoo.models.factory import register_model
 
 
@@ -106,8 +106,7 @@ class VisionTransformer(nn.Module):
         self.reduction = reduction_config(cfg.token_reduction)
         if self.reduction is not None:
             check_backend(self.reduction, self.attention_cfg, cfg.class_token)
-            for i, reducer in build_reducers(self.reduction, self.attention_cfg, cfg.depth, self.num_prefix, C).items():
-                self.blocks[i].reducer = reducer
+            attach_reducers(self.reduction, self.attention_cfg, self.blocks, self.num_prefix)
         self.norm = nn.LayerNorm(C, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes)
