@@ -149,3 +149,60 @@ def test_breakdown_rows_each_equal_fvcore(reduction, attention):
     assert any(row.name.endswith("reducer") for row in report.modules)
     for row in report.modules:
         assert row.analytic == row.measured, (row.name, row.analytic, row.measured)
+
+
+PRECISION_CASES = [("tome", "global"), ("evit", "global"), ("tokenlearner", "global"), ("tome", "linear")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("reduction,attention", PRECISION_CASES)
+def test_autocast_forward_backward_finite_and_close(reduction, attention, dtype):
+    torch.manual_seed(0)
+    model = tiny(reduction, attention)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    with torch.autocast("cpu", dtype=dtype):
+        out = model(x)
+    out.float().square().sum().backward()
+    assert torch.isfinite(out).all() and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert (out.float() - ref).abs().max() <= 0.1 * ref.abs().max()
+
+
+@pytest.mark.parametrize("reduction,attention", PRECISION_CASES)
+def test_compiled_training_step_compiles_once(reduction, attention):
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = tiny(reduction, attention).train()
+    compiled = torch.compile(model, backend=backend)
+    for step in range(4):
+        compiled(torch.randn(2, 3, 32, 32)).square().sum().backward()
+        if step == 0:
+            warm = len(graphs)
+    assert len(graphs) == warm
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reduction,attention", PRECISION_CASES)
+def test_export_eval_model_then_eager(reduction, attention):
+    torch.manual_seed(0)
+    model = tiny(reduction, attention)
+    x = torch.randn(2, 3, 32, 32)
+    before = model(x)
+    program = torch.export.export(model, (x,))
+    torch.testing.assert_close(program.module()(x), before, atol=1e-5, rtol=1e-4)
+
+
+def test_nan_in_the_input_gives_nan_outputs():
+    model = tiny("tome", "global")
+    x = torch.randn(2, 3, 32, 32)
+    x[0, :, :4, :4] = float("nan")  # one patch of the first image
+    out = model(x)
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
