@@ -84,7 +84,8 @@ def test_model_config_agrees_with_the_variant(name):
     assert (CONFIGS / "model" / f"{name}.yaml").is_file(), f"no configs/model/{name}.yaml"
     model = OmegaConf.to_container(compose_cfg([f"model={name}"]).model, resolve=False)
     assert model.pop("pretrained") is None  # create_model's argument, not an architecture field
-    assert set(model) == {"name", "img_size", "num_classes", "drop_path_rate"}, "the rest comes from the registry"
+    assert set(model) == {"name", "img_size", "num_classes", "drop_path_rate", "token_reduction"}, \
+        "the rest comes from the registry"
     assert model.pop("name") == name and model.pop("num_classes") == "${data.num_classes}"
     expected = dataclasses.asdict(model_config(name))
     for key, value in model.items():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional
 
 from timm.layers import DropPath, Mlp
 from torch import Tensor, nn
@@ -33,12 +33,21 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(ctx.dim, eps=norm_eps)
         self.mlp = Mlp(ctx.dim, int(ctx.dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
+        # token reduction (vitzoo.layers.token_reduction), set by the model: the model calls
+        # ``reducer(block, x, grid, size)`` in place of the block, and flops() follows it
+        self.reducer: Optional[nn.Module] = None
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x), grid))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
     def flops(self, grid: Grid) -> int:
+        if self.reducer is not None:  # the block with its reduction, from its N tokens
+            return self.reducer.block_flops(self, grid, self.attn.seq_len(grid))
+        return self.plain_flops(grid)
+
+    def plain_flops(self, grid: Grid) -> int:
+        """MACs of the block without reduction at ``grid``."""
         n = self.attn.seq_len(grid)
         mlp = n * self.mlp.fc1.in_features * self.mlp.fc1.out_features  # fc1: N·C·hidden
         mlp += n * self.mlp.fc2.in_features * self.mlp.fc2.out_features  # fc2: N·hidden·C
@@ -53,8 +62,12 @@ class Block(nn.Module):
         Yields:
             ``(name, module, size)``: the grid for the mixer, the token count N for norms and MLP.
         """
+        if self.reducer is not None:  # the parts its reduction runs, each at its own token count
+            yield from self.reducer.parts(self, grid, self.attn.seq_len(grid))
+            return
+        yield from self.plain_parts(grid)
+
+    def plain_parts(self, grid: Grid) -> list[tuple[str, nn.Module, Any]]:
+        """:meth:`flops_children` of the block without reduction at ``grid``."""
         n = self.attn.seq_len(grid)
-        yield "norm1", self.norm1, n
-        yield "attn", self.attn, grid
-        yield "norm2", self.norm2, n
-        yield "mlp", self.mlp, n
+        return [("norm1", self.norm1, n), ("attn", self.attn, grid), ("norm2", self.norm2, n), ("mlp", self.mlp, n)]

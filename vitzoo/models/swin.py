@@ -24,6 +24,7 @@ from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
+from vitzoo.layers.token_reduction import REDUCTIONS, reduction_config
 from vitzoo.models.factory import check_ranges, register_model
 from vitzoo.models.vit import init_weights
 
@@ -44,6 +45,7 @@ class SwinConfig:
     attn_drop_rate: float = 0.0  # dropout on attention weights
     drop_path_rate: float = 0.2  # stochastic depth, linearly increasing over all blocks
     norm_eps: float = 1e-5  # LayerNorm epsilon (Swin's and timm's: 1e-5; model.pretrained sets it from the source)
+    token_reduction: Any = None  # must stay None: patch merging needs every token of the grid (ViT only)
 
     def __post_init__(self):
         check_ranges(self)  # types and ranges first: nothing is allocated for a bad number
@@ -186,6 +188,10 @@ class SwinTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
+        reduction = reduction_config(cfg.token_reduction)
+        check(reduction is None, f"model.token_reduction={REDUCTIONS.name_of(reduction) if reduction else ''} needs a "
+                                 "ViT: Swin's patch merging needs the full token grid; use model=vit_cifar or "
+                                 "model.token_reduction=null")
         self.num_prefix = 0
         self.patch_embed = PatchEmbed(
             cfg.img_size,

@@ -5,6 +5,7 @@ Touvron et al., "Training data-efficient image transformers" (DeiT), https://arx
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -17,6 +18,7 @@ from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
+from vitzoo.layers.token_reduction import attach_reducers, check_backend, reduction_config, sequence_grid
 from vitzoo.models.factory import check_ranges, register_model
 
 
@@ -38,6 +40,7 @@ class ViTConfig:
     attn_drop_rate: float = 0.0  # dropout on attention weights
     drop_path_rate: float = 0.1  # stochastic depth, linearly increasing over blocks
     norm_eps: float = 1e-5  # LayerNorm epsilon (timm's ViT/DeiT use 1e-6: model.pretrained sets it from the source)
+    token_reduction: Any = None  # None, "tome", "evit", "tokenlearner" or {"name": ..., **options}
 
     def __post_init__(self):
         check_ranges(self)  # types and ranges first: nothing is allocated for a bad number
@@ -101,6 +104,10 @@ class VisionTransformer(nn.Module):
                 for i in range(cfg.depth)
             ]
         )
+        self.reduction = reduction_config(cfg.token_reduction)
+        if self.reduction is not None:
+            check_backend(self.reduction, self.attention_cfg, cfg.class_token)
+            attach_reducers(self.reduction, self.attention_cfg, self.blocks, self.num_prefix)
         self.norm = nn.LayerNorm(C, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes)
@@ -123,8 +130,12 @@ class VisionTransformer(nn.Module):
         if grid != self.grid:
             pos = resample_abs_pos_embed(pos, list(grid), list(self.grid), num_prefix_tokens=self.num_prefix)
         x = self.pos_drop(x + pos)
+        size = None if self.reduction is None else x.new_ones(x.shape[0], x.shape[1], 1)  # patches per token
         for blk in self.blocks:
-            x = blk(x, grid)
+            if blk.reducer is None:
+                x = blk(x, grid)
+            else:  # fewer tokens after it: a sequence, grid (1, N − P)
+                x, grid, size = blk.reducer(blk, x, grid, size)
         return self.norm(x)
 
     def forward_head(self, x: Tensor) -> Tensor:
@@ -147,9 +158,10 @@ class VisionTransformer(nn.Module):
         s = img_size or self.cfg.img_size
         grid = self.token_grid((s, s))
         C, n_grid = self.cfg.embed_dim, grid[0] * grid[1]
-        n = self.num_prefix + n_grid
         total = n_grid * C * self.cfg.in_chans * self.cfg.patch_size**2  # patch conv: per token C·3·p²
-        total += sum(blk.flops(grid) for blk in self.blocks)
+        for blk, blk_grid in zip(self.blocks, self.block_grids(grid)):
+            total += blk.flops(blk_grid)
+        n = self.num_prefix + math.prod(self.out_grid(grid))
         total += layernorm_flops(n * C)  # final norm
         return total + C * self.cfg.num_classes  # head
 
@@ -166,10 +178,26 @@ class VisionTransformer(nn.Module):
         s = img_size or self.cfg.img_size
         grid = self.token_grid((s, s))
         yield "patch_embed", self.patch_embed, grid
-        for i, blk in enumerate(self.blocks):
-            yield f"blocks.{i}", blk, grid
-        yield "norm", self.norm, self.num_prefix + grid[0] * grid[1]
+        for i, (blk, blk_grid) in enumerate(zip(self.blocks, self.block_grids(grid))):
+            yield f"blocks.{i}", blk, blk_grid
+        yield "norm", self.norm, self.num_prefix + math.prod(self.out_grid(grid))
         yield "head", self.head, 1
+
+    def block_grids(self, grid: tuple[int, int]) -> list[tuple[int, int]]:
+        """The grid each block runs at: ``grid``, then ``(1, N − P)`` after a token reduction."""
+        grids = [grid]
+        for blk in self.blocks[:-1]:
+            grids.append(self.after(blk, grids[-1]))
+        return grids
+
+    def out_grid(self, grid: tuple[int, int]) -> tuple[int, int]:
+        """The grid of the tokens the last block returns."""
+        return self.after(self.blocks[-1], self.block_grids(grid)[-1])
+
+    def after(self, blk: Block, grid: tuple[int, int]) -> tuple[int, int]:
+        if blk.reducer is None:
+            return grid
+        return sequence_grid(blk.reducer.reduced(self.num_prefix + grid[0] * grid[1]), self.num_prefix)
 
 
 @register_model(VisionTransformer)

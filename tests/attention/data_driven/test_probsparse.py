@@ -1,0 +1,49 @@
+"""Informer's ProbSparse attention: the selected queries attend exactly, the others take mean(V)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import attention_yaml, make_attention
+
+from vitzoo.attention import ConfigError, MixerContext, attention_config, build_attention, dense_attention
+from vitzoo.attention.data_driven.probsparse import sample_count
+
+
+def test_sample_count_is_c_ceil_ln_n_capped_at_n():
+    assert sample_count(5, 65) == 25 and sample_count(5, 4096) == 45 and sample_count(5, 10) == 10
+    assert sample_count(1, 1000) == math.ceil(math.log(1000))
+
+
+def test_every_query_selected_is_softmax_attention():
+    """When u = N (short sequences), every query attends to every key: exact softmax attention."""
+    torch.manual_seed(0)
+    attn = make_attention("probsparse", (2, 2), 1).double().eval()
+    q, k, v = (torch.randn(2, 4, 5, 8, dtype=torch.float64) for _ in range(3))
+    assert sample_count(attn.cfg.factor, 5) == 5
+    torch.testing.assert_close(attn.attend(q, k, v, (2, 2)), dense_attention(q, k, v))
+
+
+def test_unselected_queries_output_the_mean_of_v_and_selected_ones_attend():
+    torch.manual_seed(0)
+    attn = make_attention("probsparse", (8, 8), 1, factor=1).double().eval()
+    q, k, v = (torch.randn(1, 4, 65, 8, dtype=torch.float64) for _ in range(3))
+    out = attn.attend(q, k, v, (8, 8))
+    is_mean = torch.isclose(out, v.mean(dim=2, keepdim=True).expand_as(out)).all(-1)  # [1, 4, 65]
+    exact = torch.isclose(out, dense_attention(q, k, v)).all(-1)
+    u = sample_count(1, 65)
+    assert (is_mean.sum(-1) == 65 - u).all() and (exact.sum(-1) == u).all()
+    assert not (is_mean & exact).any()
+
+
+def test_sampled_keys_depend_on_the_layer_and_are_saved():
+    spec = attention_yaml("probsparse")
+    a, b = (build_attention(spec, MixerContext(32, 4, (8, 8), 1, layer_index=i)) for i in (0, 3))
+    assert "sample_layer" in a.state_dict()
+    assert not torch.equal(a.samples(65, torch.device("cpu")), b.samples(65, torch.device("cpu")))
+
+
+def test_bad_factor_is_a_one_line_config_error():
+    with pytest.raises(ConfigError, match="attention.factor must be a positive integer"):
+        attention_config({"name": "probsparse", "factor": 0})

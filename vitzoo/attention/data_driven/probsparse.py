@@ -1,0 +1,110 @@
+"""Informer's ProbSparse self-attention (``probsparse``).
+
+Paper: Zhou et al., "Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting",
+AAAI 2021, https://arxiv.org/abs/2012.07436. Each query's sparsity is measured on U = min(c·⌈ln N⌉, N)
+sampled keys by ``M(q) = max_j q·k_j − Σ_j q·k_j / N`` (the max-mean measurement, sum over the samples
+divided by N as in the paper's code); the u = min(c·⌈ln N⌉, N) queries with the largest M attend to all
+keys with softmax attention, every other query outputs the mean of V (the non-causal case). Cost
+N log N. A global mixer: prefix tokens are ordinary tokens.
+
+The paper draws the sampled keys at random per call; here key ``s`` of query ``i`` is the fixed
+pseudo-random index ``(i·A + s·B + layer·L) mod N`` (:func:`sample_index`), drawn with replacement as
+in the paper, so forward, reference, compile and export all see the same samples.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitzoo.attention import register_attention
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_positive
+
+HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the sample index (odd, spread over N)
+
+
+def sample_count(factor: int, n: int) -> int:
+    """``min(c·⌈ln n⌉, n)``: the number of sampled keys (and of selected queries) at length ``n``."""
+    return min(factor * math.ceil(math.log(n)), n) if n > 1 else n
+
+
+def sample_index(i: int, s: int, layer: int, n: int) -> int:
+    """Key sampled as the ``s``-th for query ``i`` of a length-``n`` sequence in layer ``layer``."""
+    return (i * HASH_A + s * HASH_B + layer * HASH_L) % n
+
+
+@dataclass
+class ProbSparseConfig:
+    factor: int = 5  # c: U = u = c·⌈ln N⌉ sampled keys and selected queries (Informer's default 5)
+
+    def __post_init__(self):
+        check_positive(self, "factor")
+
+
+@register_attention("probsparse", ProbSparseConfig)
+class ProbSparseAttention(QKVAttention):
+    """Top-u queries by the max-mean measurement attend to all keys, the rest output mean(V); cost :attr:`formula`.
+
+    Args:
+        cfg: ProbSparseConfig.
+        ctx: dims, heads, grid, prefix tokens and layer index (it offsets the sampled keys; a saved buffer).
+    """
+
+    formula = "4NC² + NUC + 2uNC"
+
+    def __init__(self, cfg: ProbSparseConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        # the layer's offset of the sampled keys: saved with the weights, so a loaded model samples the same keys
+        self.register_buffer("sample_layer", torch.tensor(ctx.layer_index, dtype=torch.int64))
+
+    def samples(self, n: int, device: torch.device) -> Tensor:
+        """Sampled key indices ``[n, U]`` (:func:`sample_index` as tensor arithmetic)."""
+        u = sample_count(self.cfg.factor, n)
+        i = torch.arange(n, device=device)[:, None]
+        s = torch.arange(u, device=device)[None, :]
+        return (i * HASH_A + s * HASH_B + self.sample_layer * HASH_L) % n  # [n, U]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        B, h, N, d = q.shape
+        idx = self.samples(N, q.device)
+        k_sample = k[:, :, idx]  # [B, h, N, U, d]
+        qk = torch.einsum("bhnd,bhnsd->bhns", q, k_sample)  # [B, h, N, U]: N·U·d per head
+        measure = qk.amax(dim=-1) - qk.sum(dim=-1) / N  # [B, h, N]
+        top = measure.topk(sample_count(self.cfg.factor, N), dim=-1).indices  # [B, h, u]
+        rows = top[..., None].expand(-1, -1, -1, d)  # [B, h, u, d]
+        drop = self.attn_drop.p if self.training else 0.0
+        active = F.scaled_dot_product_attention(q.gather(2, rows), k, v, dropout_p=drop)  # [B, h, u, d]: 2·u·N·d
+        out = v.mean(dim=2, keepdim=True).expand(B, h, N, d)  # lazy queries: mean of V
+        return out.scatter(2, rows, active)  # [B, h, N, d]
+
+    def attend_flops(self, grid: Grid) -> int:
+        n = self.seq_len(grid)
+        u = sample_count(self.cfg.factor, n)
+        # sampled scores: N·U·d per head; the u active queries: u·N·d (scores) + u·N·d (weights · V) per head
+        return n * u * self.dim + 2 * u * n * self.dim
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """Per (image, head): the measurement from explicit samples, a sort, then full softmax rows."""
+        B, h, N, d = q.shape
+        U = sample_count(self.cfg.factor, N)
+        cols = torch.tensor([[sample_index(i, s, int(self.sample_layer), N) for s in range(U)] for i in range(N)])
+        out = torch.empty_like(q)
+        for b in range(B):
+            for j in range(h):
+                scores = q[b, j] @ k[b, j].T  # [N, N]
+                picked = scores.gather(1, cols.to(q.device))  # [N, U]
+                measure = picked.max(dim=1).values - picked.sum(dim=1) / N
+                active = torch.argsort(measure, descending=True)[:U]
+                out[b, j] = v[b, j].mean(dim=0)
+                w = (scores[active] * self.scale).softmax(dim=-1)
+                out[b, j, active] = w @ v[b, j]
+        return out
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        n = self.seq_len(grid)
+        u = sample_count(self.cfg.factor, n)
+        return {**super().symbols(grid), "U": u, "u": u}

@@ -1,0 +1,131 @@
+"""EfficientViT's ReLU linear attention (``relu_linear``).
+
+Paper: Cai et al., "EfficientViT: Multi-Scale Linear Attention for High-Resolution Dense Prediction",
+ICCV 2023, https://arxiv.org/abs/2205.14756. ``out_i = Σ_j (ReLU(q_i)·ReLU(k_j)) v_j / Σ_j ReLU(q_i)·ReLU(k_j)``,
+computed as ``ReLU(Q)(ReLU(K)ᵀV)`` over ``ReLU(Q)(Σ_j ReLU(k_j))``: cost linear in N.
+
+Multi-scale aggregation (option ``scales``, the paper's EfficientViT uses ``[5]``): for each kernel side s
+the q/k/v maps of the grid tokens go through a depthwise s×s convolution and a 1×1 convolution grouped
+per head, giving h more heads of q/k/v; all heads attend, and the output projection maps the
+``(1 + S)·C`` channels back to C. Prefix tokens are ordinary tokens of the attention; in the aggregated
+heads they keep their own q/k/v (a convolution needs grid neighbours). No attention weights are formed,
+so ``attn_drop`` is not used. The attention core runs in float32 under autocast (as the paper's code), so
+the normaliser of a query with ReLU(q)·Σ ReLU(k) = 0 stays exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitzoo.attention import register_attention
+from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check
+
+EPS = 1e-15  # added to the normaliser (the paper's code), exact in float32
+
+
+@dataclass
+class ReLULinearConfig:
+    scales: list[int] = field(default_factory=list)  # kernel sides of the multi-scale aggregation ([] = none)
+
+    def __post_init__(self):
+        self.scales = list(self.scales)
+        check(all(isinstance(s, int) and s > 0 and s % 2 == 1 for s in self.scales),
+              f"attention.scales must be a list of odd positive integers (got {self.scales!r})")
+
+
+@register_attention("relu_linear", ReLULinearConfig)
+class ReLULinearAttention(TokenMixer):
+    """``ReLU(Q)(ReLU(K)ᵀV) / ReLU(Q)ΣReLU(K)`` with optional multi-scale heads; cost :attr:`formula`.
+
+    Args:
+        cfg: ReLULinearConfig.
+        ctx: dims, heads, grid and prefix tokens from the host block.
+    """
+
+    formula = "3NC² + 3MC(K + Sd) + (1 + S)(NC² + 2NdC + NC)"
+    linear_cost = True
+
+    def __init__(self, cfg: ReLULinearConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        C3 = 3 * ctx.dim
+        self.qkv = nn.Linear(ctx.dim, C3, bias=ctx.qkv_bias)
+        self.aggreg = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(C3, C3, s, padding=s // 2, groups=C3, bias=False),
+                          nn.Conv2d(C3, C3, 1, groups=3 * ctx.num_heads, bias=False))
+            for s in cfg.scales
+        )
+        self.proj = nn.Linear((1 + len(cfg.scales)) * ctx.dim, ctx.dim)
+        self.proj_drop = nn.Dropout(ctx.proj_drop)
+
+    def branches(self, qkv: Tensor, grid: Grid) -> list[Tensor]:
+        """``qkv[B, N, 3C]`` and its aggregated copies (prefix tokens unchanged), each ``[B, N, 3C]``."""
+        P, (H, W) = self.num_prefix, grid
+        B, N, C3 = qkv.shape
+        maps = qkv[:, P:].transpose(1, 2).reshape(B, C3, H, W)  # [B, 3C, H, W]
+        out = [qkv]
+        for agg in self.aggreg:
+            grid_part = agg(maps).reshape(B, C3, H * W).transpose(1, 2)  # [B, HW, 3C]
+            out.append(torch.cat([qkv[:, :P], grid_part], dim=1))  # [B, N, 3C]
+        return out
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        heads = [self.to_heads(t, 3) for t in self.branches(self.qkv(x), grid)]
+        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: the core in float32
+        q, k, v = (torch.cat([h[i] for h in heads], dim=1).to(dtype) for i in range(3))  # [B, (1+S)h, N, d]
+        q, k = F.relu(q), F.relu(k)
+        kv = k.transpose(-2, -1) @ v  # [B, h', d, d]: N·d·d per head
+        num = q @ kv  # [B, h', N, d]: N·d·d per head
+        den = torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=2))  # [B, h', N]: N·d per head
+        o = (num / (den[..., None] + EPS)).to(x.dtype)
+        B, _, N, _ = o.shape
+        o = o.transpose(1, 2).reshape(B, N, -1)  # [B, N, (1+S)C]
+        return self.proj_drop(self.proj(o))
+
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:
+        """Explicit kernel sums over an N×N matrix of ``ReLU(q_i)·ReLU(k_j)``; the aggregation as shifted sums."""
+        qkv = x @ self.qkv.weight.T + (0 if self.qkv.bias is None else self.qkv.bias)
+        outs = [_relu_attention(qkv, self.num_heads)]
+        for agg in self.aggreg:
+            outs.append(_relu_attention(self._aggregate(qkv, agg, grid), self.num_heads))
+        o = torch.cat(outs, dim=-1)  # [B, N, (1+S)C]
+        return self.proj_drop(self.proj(o))
+
+    def _aggregate(self, qkv: Tensor, agg: nn.Sequential, grid: Grid) -> Tensor:
+        """Depthwise s×s as a sum of zero-padded shifts, then the grouped 1×1 as an einsum per group."""
+        P, (H, W) = self.num_prefix, grid
+        dw, pw = agg[0].weight[:, 0], agg[1].weight[:, :, 0, 0]  # [3C, s, s], [3C, d]
+        s, B, C3 = dw.shape[-1], qkv.shape[0], qkv.shape[-1]
+        r = s // 2
+        g = F.pad(qkv[:, P:].reshape(B, H, W, C3), (0, 0, r, r, r, r))  # [B, H+2r, W+2r, 3C]
+        acc = sum(g[:, i:i + H, j:j + W] * dw[:, i, j] for i in range(s) for j in range(s))
+        groups = acc.reshape(B, H * W, 3 * self.num_heads, self.head_dim)  # [B, HW, 3h, d]
+        mixed = torch.einsum("bngi,goi->bngo", groups, pw.reshape(3 * self.num_heads, self.head_dim, -1))
+        return torch.cat([qkv[:, :P], mixed.reshape(B, H * W, C3)], dim=1)
+
+    def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
+        h, w = grid or self.grid
+        return {**super().symbols(grid), "M": h * w, "K": sum(s * s for s in self.cfg.scales),
+                "S": len(self.cfg.scales), "d": self.head_dim}
+
+    def flops(self, grid: Optional[Grid] = None) -> int:
+        n, c, d = self.seq_len(grid), self.dim, self.head_dim
+        h, w = grid or self.grid
+        S, K = len(self.cfg.scales), sum(s * s for s in self.cfg.scales)
+        total = 3 * n * c * c  # qkv projection
+        total += 3 * h * w * c * (K + S * d)  # depthwise s×s (3C·s² per token) + grouped 1×1 (3C·d per token)
+        # per head: ReLU(K)ᵀV N·d², ReLU(Q)·kv N·d², normaliser N·d; proj (1+S)C -> C
+        return total + (1 + S) * (n * c * c + 2 * n * d * c + n * c)
+
+
+def _relu_attention(qkv: Tensor, heads: int) -> Tensor:
+    """``[B, N, 3C] -> [B, N, C]``: per head ``Σ_j w_ij v_j / Σ_j w_ij`` with ``w_ij = ReLU(q_i)·ReLU(k_j)``."""
+    B, N, C3 = qkv.shape
+    t = qkv.reshape(B, N, 3, heads, C3 // (3 * heads)).permute(2, 0, 3, 1, 4)  # [3, B, h, N, d]
+    q, k, v = t[0].clamp(min=0), t[1].clamp(min=0), t[2]
+    w = torch.einsum("bhid,bhjd->bhij", q, k)  # [B, h, N, N]
+    o = torch.einsum("bhij,bhjd->bhid", w, v) / (w.sum(-1, keepdim=True) + EPS)
+    return o.transpose(1, 2).reshape(B, N, -1)
