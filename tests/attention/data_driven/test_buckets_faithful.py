@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_attention
+from conftest import Host, make_attention
 
 from vitzoo.attention import ConfigError
+from vitzoo.flops import flop_analysis
 
 
 def window_members(attn, m: int) -> torch.Tensor:
@@ -144,3 +145,56 @@ def test_reformer_smaller_grid_uses_fewer_buckets_larger_grid_is_a_config_error(
 def test_reformer_old_fixed_bucket_option_is_gone():
     with pytest.raises(ConfigError, match="unknown option attention.n_buckets"):
         make_attention("reformer", (8, 8), 1, n_buckets=8)
+
+
+@pytest.mark.parametrize("grid,prefix", [((8, 8), 1), ((14, 14), 0), ((6, 10), 1)])
+def test_routing_nearest_centroid_equals_the_naive_decision(grid, prefix):
+    """The fast assignment (one matmul, argmax) equals the per-row Euclidean argmin of the reference."""
+    from vitzoo.attention.data_driven.routing import naive_nearest
+    torch.manual_seed(0)
+    attn = make_attention("routing", grid, prefix).double().eval()
+    q, k, _ = attn.split_heads(torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64))
+    hl = attn.local_heads
+    c_q, c_k = attn.nearest(q[:, hl:, prefix:], k[:, hl:, prefix:])
+    assert torch.equal(c_q, naive_nearest(q[:, hl:, prefix:], attn.centroids))
+    assert torch.equal(c_k, naive_nearest(k[:, hl:, prefix:], attn.centroids))
+
+
+@pytest.mark.parametrize("prefix", [0, 1], ids=["swin", "vit"])
+def test_routing_heads_see_exactly_their_cluster(prefix):
+    """Paper (Eq. 7): in a routing head every query is routed (no zero row) and its output depends on exactly
+    the values of the keys in its nearest centroid's cluster (given by the naive decision) and the prefix."""
+    from vitzoo.attention.data_driven.routing import naive_nearest
+    torch.manual_seed(0)
+    grid, m = (6, 10), 60
+    attn = make_attention("routing", grid, prefix).double().eval()  # heads 0, 1 local; 2, 3 routing
+    x = torch.randn(1, prefix + m, 32, dtype=torch.float64)
+    q, k, v = (t.detach() for t in attn.split_heads(x))
+    v.requires_grad_()
+    out = attn.attend(q, k, v, grid)[:, :, prefix:]  # [1, h, M, d]
+    assert (out[:, 2:].abs().amax(-1) > 0).all(), "a routing-head output is zero"
+    c_q = naive_nearest(q[:, 2:, prefix:], attn.centroids)[0]  # [h_r, M]
+    c_k = naive_nearest(k[:, 2:, prefix:], attn.centroids)[0]
+    for head in (2, 3):
+        for token in range(0, m, 7):
+            grad, = torch.autograd.grad(out[0, head, token].sum(), v, retain_graph=True)
+            depends = grad[0, head, prefix:].abs().amax(-1) > 0  # [M]
+            expected = c_k[head - 2] == c_q[head - 2, token]
+            if not expected.any():
+                expected[token] = True  # an empty cluster: the query's own key
+            assert torch.equal(depends, expected), (head, token)
+            if prefix:
+                assert grad[0, head, 0].abs().amax() > 0
+
+
+def test_routing_assignment_option():
+    assert make_attention("routing", (8, 8), 0).cfg.assignment == "nearest"  # the paper's
+    with pytest.raises(ConfigError, match="attention.assignment must be one of nearest, balanced"):
+        make_attention("routing", (8, 8), 0, assignment="topk")
+    torch.manual_seed(0)
+    attn = make_attention("routing", (6, 10), 1, assignment="balanced").double().eval()
+    x = torch.randn(2, 61, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
+        measured = flop_analysis(Host(attn.float(), (6, 10)), (x[:1].float(),)).by_module()["attn"]
+    assert measured == attn.flops((6, 10))
