@@ -84,7 +84,7 @@ def test_sinkhorn_sorting_differs_between_heads():
     """Each head has its own sorting network: the same blocks in every head give a different R per head."""
     torch.manual_seed(0)
     attn = make_attention("sinkhorn", (8, 8), 1).eval()
-    assert attn.sort_q.weight.shape == (4, 8, 16) and attn.sort_k.weight.shape == (4, 8, 16)
+    assert attn.sort_hidden.weight.shape == (4, 8, 16) and attn.sort_out.weight.shape == (4, 16, 8)  # d->s->nb
     with torch.no_grad():
         r = attn.sort_matrix(*sinkhorn_blocks(attn, torch.randn(2, 65, 32), same_heads=True), 64)  # [B, h, nb, nb]
     for head in range(1, 4):
@@ -198,3 +198,50 @@ def test_routing_assignment_option():
         torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
         measured = flop_analysis(Host(attn.float(), (6, 10)), (x[:1].float(),)).by_module()["attn"]
     assert measured == attn.flops((6, 10))
+
+
+def naive_sinkhorn(scores: torch.Tensor, temperature: float, iters: int) -> torch.Tensor:
+    """Sinkhorn's algorithm on one matrix as the paper writes it, in probability space: ``exp(S/τ)``, then
+    ``iters`` rounds of dividing by the column sums, then by the row sums."""
+    r = torch.exp(scores / temperature)
+    for _ in range(iters):
+        r = r / r.sum(0, keepdim=True)
+        r = r / r.sum(1, keepdim=True)
+    return r
+
+
+@pytest.mark.parametrize("sort_net", ["mlp", "bilinear"])
+def test_sinkhorn_sort_equals_the_naive_algorithm(sort_net):
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1, sort_net=sort_net).double().eval()
+    blocks = sinkhorn_blocks(attn, torch.randn(2, 65, 32, dtype=torch.float64))
+    with torch.no_grad():
+        r, scores = attn.sort_matrix(*blocks, 64), attn.sort_scores(*blocks, 64)  # [B, h, nb, nb]
+    for b in range(2):
+        for h in range(4):
+            torch.testing.assert_close(r[b, h], naive_sinkhorn(scores[b, h], attn.cfg.temperature, attn.cfg.iters))
+
+
+def test_sinkhorn_sortnet_is_the_papers_two_layer_net_on_pooled_blocks():
+    """score[i] = W2 relu(W1 k̄_i + b1) + b2 per head, k̄_i the mean key of block i: one logit per target block."""
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1).double().eval()
+    _, kb = sinkhorn_blocks(attn, torch.randn(1, 65, 32, dtype=torch.float64))
+    with torch.no_grad():
+        scores = attn.sort_scores(kb, kb, 64)
+        for h in range(4):
+            for i in range(8):
+                pooled = kb[0, h, i].mean(0)  # [d]
+                hidden = torch.relu(pooled @ attn.sort_hidden.weight[h] + attn.sort_hidden.bias[h, 0])
+                torch.testing.assert_close(scores[0, h, i], hidden @ attn.sort_out.weight[h] + attn.sort_out.bias[h, 0])
+
+
+def test_sinkhorn_sortnet_needs_its_block_count_and_bilinear_runs_anywhere():
+    attn = make_attention("sinkhorn", (8, 8), 1)  # b = 8, nb = 8
+    with pytest.raises(ConfigError, match="attention.sort_net=mlp was built for 8 blocks and this grid has 10") as err:
+        attn(torch.randn(1, 1 + 10 * 10, 32), (10, 10))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="attention.sort_net must be one of mlp, bilinear"):
+        make_attention("sinkhorn", (8, 8), 1, sort_net="conv")
+    bilinear = make_attention("sinkhorn", (8, 8), 1, sort_net="bilinear")
+    assert bilinear(torch.randn(1, 101, 32), (10, 10)).shape == (1, 101, 32)

@@ -155,7 +155,7 @@ def test_sinkhorn_sort_matrix_is_doubly_stochastic_and_learned():
     torch.testing.assert_close(r.sum(-1), torch.ones(2, 4, 8))
     torch.testing.assert_close(r.sum(-2), torch.ones(2, 4, 8), rtol=0, atol=1e-3)
     attn.train()(x, (8, 8)).square().sum().backward()
-    assert attn.sort_q.weight.grad.abs().sum() > 0 and attn.sort_k.weight.grad.abs().sum() > 0
+    assert attn.sort_hidden.weight.grad.abs().sum() > 0 and attn.sort_out.weight.grad.abs().sum() > 0
 
 
 def test_balanced_routing_tokens_picked_by_no_cluster_attend_to_the_prefix_only_in_routing_heads():

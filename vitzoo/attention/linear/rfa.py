@@ -8,12 +8,13 @@ Gaussian kernel ``exp(-‖q - k‖²/2σ²)``, which random Fourier features est
 The scale ``s`` (one per head and channel, i.e. ``1/σ``) is learnable or fixed (``learn_scale``); a learned
 one is bounded smoothly by ``max_scale``: ``s = s_max·tanh(θ/s_max)`` of the parameter θ (≈ θ well below the
 bound, and the gradient always reaches θ); with ``s`` near 3 the kernel is below ``e⁻⁹`` for most pairs and the
-D-feature estimate is mostly noise. Attention is ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)``, linear in N. As q̂ and k̂ are
-unit vectors, ``‖s∘(q̂ - k̂)‖² <= 4·max(s)²``, so the exact normaliser over N keys is at least
-``N·exp(-2·max(s)²)``; the estimate (sin/cos features can drive it to ≤ 0) is clamped to that bound
-(``eps: null``, the default): only estimates no exact kernel could give are clamped, so the floor never hides
-a plausible value and never inflates a row past what the kernel allows. A fixed ``eps`` is an option. This is
-the non-causal RFA without the gate (the gate is for causal decoding).
+D-feature estimate is mostly noise. Attention is ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)``, linear in N. As q̂ and k̂
+are unit vectors, ``‖s∘(q̂ - k̂)‖² <= 4·s_max²``, so the exact normaliser over N keys is at least
+``N·exp(-2·s_max²)`` (s_max: ``max_scale`` for a learned s, the fixed s otherwise). The estimate (sin/cos
+features can drive it to ≤ 0) is clamped to that bound (``eps: null``, the default): only estimates no exact
+kernel could give are clamped, so the floor never hides a possible value and a row can grow at most
+``exp(2·s_max²)`` times its largest value. A fixed ``eps`` is an option. This is the non-causal RFA without
+the gate (the gate is for causal decoding).
 
 ``ω`` is a buffer of orthogonal Gaussian rows (same marginals as the paper's i.i.d. rows, lower
 variance) drawn from a generator seeded by the layer index, redrawn every ``redraw_interval``
@@ -41,7 +42,7 @@ class RFAConfig:
     learn_scale: bool = True  # learn the per-head, per-channel scale s = 1/σ; false = fixed at `scale`
     scale: float = 1.0  # initial (or fixed) s; the estimated kernel is exp(-‖s∘(q-k)‖²/2)
     redraw_interval: int = 1000  # training steps between redraws of ω; 0 = never redraw
-    eps: Optional[float] = None  # lower clamp of φ(q)ᵀΣφ(k); null = the exact kernel's bound N·exp(-2·max(s)²)
+    eps: Optional[float] = None  # lower clamp of φ(q)ᵀΣφ(k); null = the exact kernel's bound N·exp(-2·s_max²)
     max_scale: float = 2.0  # smooth upper bound of s: s = max_scale·tanh(θ/max_scale) of the parameter θ
 
     def __post_init__(self):
@@ -101,15 +102,14 @@ class RFAAttention(RandomFeatureAttention):
         return bound * torch.tanh(self.scale_param / bound)  # s [h, 1, d] below the bound, gradient everywhere
 
     def floor(self, n: int) -> float:
-        """``attention.eps``, or the least value the exact normaliser over ``n`` keys can take,
-        ``n·exp(-2·max(s)²)`` (unit q̂, k̂: ``‖s∘(q̂ - k̂)‖² <= 4·max(s)²``).
+        """``attention.eps``, or the least value the exact normaliser over ``n`` keys can take for any s this layer
+        can have, ``n·exp(-2·s_max²)`` (unit q̂, k̂: ``‖s∘(q̂ - k̂)‖² <= 4·s_max²``; s_max = ``max_scale`` for a
+        learned s, the fixed s otherwise): a constant of the config, so traced and exported graphs keep it.
 
         Args:
             n: keys per query.
         """
         if self.cfg.eps is not None:
             return self.cfg.eps
-        return n * math.exp(-2 * float(self.feature_scale().detach().abs().max()) ** 2)
-
-    def feature_factor(self) -> float:
-        return 1.0 / self.cfg.num_features  # the 1/√D of φ(q) and of φ(k)
+        s_max = self.cfg.max_scale if self.cfg.learn_scale else abs(self.cfg.scale)
+        return n * math.exp(-2 * s_max**2)
