@@ -245,3 +245,26 @@ def test_sinkhorn_sortnet_needs_its_block_count_and_bilinear_runs_anywhere():
         make_attention("sinkhorn", (8, 8), 1, sort_net="conv")
     bilinear = make_attention("sinkhorn", (8, 8), 1, sort_net="bilinear")
     assert bilinear(torch.randn(1, 101, 32), (10, 10)).shape == (1, 101, 32)
+
+
+def naive_lsh_bucket(x: torch.Tensor, rotation: torch.Tensor) -> int:
+    """The paper's angular LSH for one vector: ``h(x) = argmax([xR; -xR])`` with R a ``[d, n_b/2]`` rotation."""
+    proj = [float(x @ rotation[:, j]) for j in range(rotation.shape[1])]
+    values = proj + [-p for p in proj]
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (6, 10)])
+def test_reformer_hash_equals_the_naive_lsh_bucket(grid):
+    torch.manual_seed(0)
+    attn = make_attention("reformer", grid, 1).double().eval()
+    n_b = attn.n_buckets(grid)
+    x = torch.randn(2, 4, grid[0] * grid[1], 8, dtype=torch.float64)
+    with torch.no_grad():
+        buckets = attn.hash(x, n_b)  # [B, h, n_hashes, M]
+    rot = attn.rotations[..., : n_b // 2]  # [h, d, n_hashes, n_b/2]
+    for b in range(2):
+        for h in range(4):
+            for r in range(attn.cfg.n_hashes):
+                for t in range(0, grid[0] * grid[1], 5):
+                    assert int(buckets[b, h, r, t]) == naive_lsh_bucket(x[b, h, t], rot[h, :, r]), (b, h, r, t)
