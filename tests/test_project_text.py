@@ -97,18 +97,24 @@ def appears(number: str, text: str) -> bool:
 
 
 def test_readme_speed_column_quotes_the_layer_table():
-    """Each backend's "ms, × global" cell equals its 4,096-token row in docs/results.md."""
+    """Each backend's "ms, × global" cell equals its 4,096-token row in docs/results.md; a backend not timed at
+    its current definition says "not measured" instead (and then quotes no figure)."""
     layers = results_layer_rows()
     backends = readme_backend_rows()
     assert len(backends) >= 20, "README's backend table lost its rows"
+    measured = 0
     for name, cells in backends.items():
+        if "not measured" in cells:
+            continue
         speed = next((cell for cell in cells if SPEED.match(cell)), None)
-        assert speed, f"README row {name!r} has no 'N ms, R×' speed cell"
+        assert speed, f"README row {name!r} has neither an 'N ms, R×' speed cell nor 'not measured'"
+        measured += 1
         ms, ratio = SPEED.match(speed).groups()
         row = layers.get((name, "4096"))
         assert row is not None, f"docs/results.md has no 4,096-token row for {name!r}"
         assert row[3].split()[0] == ms, f"{name}: README {ms} ms, results.md {row[3]}"
         assert row[7].split()[0] == ratio, f"{name}: README {ratio}×, results.md {row[7]}"
+    assert measured >= 10, "README's speed column lost its measurements"
 
 
 def test_readme_cifar10_column_is_pending_or_quotes_results():

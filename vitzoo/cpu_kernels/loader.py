@@ -2,9 +2,11 @@
 
 Each kernel is a ``torch.utils.cpp_extension`` module built with ninja and the C++ compiler (``-O3 -march=native``,
 OpenMP for ``at::parallel_for``) the first time a process needs it, about 40 s, and cached under
-``~/.cache/torch_extensions`` (or ``TORCH_EXTENSIONS_DIR``) with a hash of the CPU in its name. The kernels run
-float32/float64 CPU tensors. Where one cannot be built, a warning names the reason once and the PyTorch path runs;
-``VITZOO_CPU_KERNELS=0`` skips every build.
+``~/.cache/torch_extensions`` (or ``TORCH_EXTENSIONS_DIR``) with a hash of the CPU in its name. One line on
+standard error announces a build before it starts; ``python -m vitzoo.cpu_kernels build`` builds every kernel ahead
+of time. The kernels run float32/float64 CPU tensors. Where one cannot be built, a warning names the cause (the
+compiler's first error line, or the missing tool) once and the PyTorch path runs; with ``CI=true`` a failed build
+raises instead, so CI cannot pass on the fallback alone. ``VITZOO_CPU_KERNELS=0`` skips every build.
 
 Kernels: ``block_attention`` (:mod:`vitzoo.cpu_kernels.block_kernel`), ``feature_attention``
 (:mod:`vitzoo.cpu_kernels.feature_kernel`).
@@ -15,6 +17,7 @@ import hashlib
 import os
 import platform
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -46,14 +49,43 @@ def _cpu_tag() -> str:
     return hashlib.sha1(f"{platform.machine()}\n{info}".encode()).hexdigest()[:10]
 
 
+def _name(stem: str) -> str:
+    """The extension's name: one build per kernel and CPU."""
+    return f"vitzoo_{stem}_{_cpu_tag()}"
+
+
+def _announce(stem: str) -> None:
+    """One line on standard error before a kernel is compiled (nothing when its cached build is loaded)."""
+    from torch.utils.cpp_extension import _get_build_directory
+    name = _name(stem)
+    if (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").exists():
+        return
+    print(f"vitzoo: compiling the {stem.replace('_', ' ')} CPU kernel (about a minute, once per CPU; "
+          f"`python -m vitzoo.cpu_kernels build` builds every kernel ahead of time, {ENV}=0 skips them)",
+          file=sys.stderr, flush=True)
+
+
+def cause(err: BaseException) -> str:
+    """The line of a failed build that says why: the compiler's first error, or the first line of the message
+    (a missing ninja or compiler), never the ninja command line.
+
+    Args:
+        err: what the build raised.
+    """
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    errors = [ln for ln in lines[1:] if "error" in ln.lower() or "not found" in ln.lower()]
+    return f"{type(err).__name__}: {(errors or lines or [''])[0]}"
+
+
 def _build(stem: str) -> ModuleType:
     """Builds (or loads the cached build of) ``csrc/<stem>.cpp``; ninja tracks the headers it includes."""
     from torch.utils.cpp_extension import load
+    _announce(stem)
     if shutil.which("ninja") is None:  # the ninja wheel's binary, when its environment is not activated
         import ninja
         os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
     flags = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs the (image, head) tasks
-    return load(f"vitzoo_{stem}_{_cpu_tag()}", [str(CSRC / f"{stem}.cpp")], extra_cflags=flags,
+    return load(_name(stem), [str(CSRC / f"{stem}.cpp")], extra_cflags=flags,
                 extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -70,11 +102,30 @@ def extension(stem: str) -> Optional[ModuleType]:
         try:
             _state[stem] = _build(stem)
         except Exception as err:  # no compiler, no ninja, a read-only cache: the PyTorch path still works
+            message = f"vitzoo's {stem.replace('_', ' ')} kernel could not be built ({cause(err)})"
+            if in_ci():
+                raise RuntimeError(f"{message}; CI=true requires every kernel to build") from err
             _state[stem] = None
-            warnings.warn(f"vitzoo's {stem.replace('_', ' ')} kernel could not be built ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); using the slower PyTorch path. "
-                          f"Set {ENV}=0 to skip the build.", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{message}; using the slower PyTorch path. Set {ENV}=0 to skip the build.",
+                          RuntimeWarning, stacklevel=3)
     return _state[stem]
+
+
+def in_ci() -> bool:
+    """Whether ``CI`` is set to a true value (``true``/``1``/``yes``): a failed build is then an error."""
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def build_all() -> list[str]:
+    """Builds every kernel in ``csrc/`` now (what ``python -m vitzoo.cpu_kernels build`` runs); returns the stems.
+    Raises the build's cause where one fails."""
+    stems = sorted(path.stem for path in CSRC.glob("*.cpp"))
+    for stem in stems:
+        try:
+            _state[stem] = _build(stem)
+        except Exception as err:
+            raise RuntimeError(f"the {stem.replace('_', ' ')} kernel could not be built ({cause(err)})") from err
+    return stems
 
 
 def usable(stem: str, *tensors: Optional[Tensor]) -> bool:

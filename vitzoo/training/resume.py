@@ -248,19 +248,48 @@ class TrainingDiverged(ConfigError):
 
 
 class StopOnNonFinite(pl.Callback):
-    """Stop before the update when the loss is NaN/inf on any rank: the weights and the checkpoints on disk stay
-    those of the last good step. Raises :class:`TrainingDiverged` naming the step and the last checkpoint."""
+    """Stop before the update when the loss or a gradient is NaN/inf on any rank: the weights and the checkpoints
+    on disk stay those of the last good step. Raises :class:`TrainingDiverged`, one line naming the step, the loss
+    or the first parameter whose gradient is non-finite, and the last checkpoint. Under a float16 gradient scaler
+    non-finite gradients are the scaler's to skip, so only the loss is watched there."""
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         bad = trainer.strategy.reduce_boolean_decision(not bool(torch.isfinite(loss.detach()).all()), all=False)
         if bad:
-            ckpt = trainer.checkpoint_callback
-            last = (ckpt.last_model_path or ckpt.best_model_path) if ckpt is not None else ""
-            raise TrainingDiverged(
-                f"train/loss is {loss.item()} at step {trainer.global_step} (epoch "
-                f"{trainer.current_epoch}); stopped before the update, last good checkpoint: "
-                f"{last or 'none'}; lower optim.lr or raise optim.warmup_epochs"
-            )
+            self._stop(trainer, f"train/loss is {loss.item()}")
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:
+            return
+        name = first_non_finite_grad(pl_module)
+        if trainer.strategy.reduce_boolean_decision(name is not None, all=False):
+            self._stop(trainer, f"the gradient of {name or 'a parameter on another rank'} is not finite")
+
+    @staticmethod
+    def _stop(trainer: pl.Trainer, what: str) -> None:
+        ckpt = trainer.checkpoint_callback
+        last = (ckpt.last_model_path or ckpt.best_model_path) if ckpt is not None else ""
+        raise TrainingDiverged(
+            f"{what} at step {trainer.global_step} (epoch {trainer.current_epoch}); stopped before the update, "
+            f"last good checkpoint: {last or 'none'}; lower optim.lr or raise optim.warmup_epochs"
+        )
+
+
+def first_non_finite_grad(module: torch.nn.Module) -> Optional[str]:
+    """The name of the first parameter (in ``named_parameters`` order) whose gradient holds a NaN or inf, or None.
+    One largest-magnitude reduction per gradient (no overflow, NaN propagates) and one host sync when all are finite.
+
+    Args:
+        module: the model.
+    """
+    named = [(n, p.grad) for n, p in module.named_parameters() if p.grad is not None]
+    if not named:
+        return None
+    peaks = torch._foreach_norm([g.detach() for _, g in named], float("inf"))
+    finite = torch.stack([t.float() for t in peaks]).isfinite()
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0])][0]
 
 
 class RngState(pl.Callback):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_attention
+from conftest import Host, make_attention
 
 from vitzoo.attention import ConfigError
+from vitzoo.flops import flop_analysis
 
 
 def window_members(attn, m: int) -> torch.Tensor:
@@ -83,7 +84,7 @@ def test_sinkhorn_sorting_differs_between_heads():
     """Each head has its own sorting network: the same blocks in every head give a different R per head."""
     torch.manual_seed(0)
     attn = make_attention("sinkhorn", (8, 8), 1).eval()
-    assert attn.sort_q.weight.shape == (4, 8, 16) and attn.sort_k.weight.shape == (4, 8, 16)
+    assert attn.sort_hidden.weight.shape == (4, 8, 16) and attn.sort_out.weight.shape == (4, 16, 8)  # d->s->nb
     with torch.no_grad():
         r = attn.sort_matrix(*sinkhorn_blocks(attn, torch.randn(2, 65, 32), same_heads=True), 64)  # [B, h, nb, nb]
     for head in range(1, 4):
@@ -144,3 +145,126 @@ def test_reformer_smaller_grid_uses_fewer_buckets_larger_grid_is_a_config_error(
 def test_reformer_old_fixed_bucket_option_is_gone():
     with pytest.raises(ConfigError, match="unknown option attention.n_buckets"):
         make_attention("reformer", (8, 8), 1, n_buckets=8)
+
+
+@pytest.mark.parametrize("grid,prefix", [((8, 8), 1), ((14, 14), 0), ((6, 10), 1)])
+def test_routing_nearest_centroid_equals_the_naive_decision(grid, prefix):
+    """The fast assignment (one matmul, argmax) equals the per-row Euclidean argmin of the reference."""
+    from vitzoo.attention.data_driven.routing import naive_nearest
+    torch.manual_seed(0)
+    attn = make_attention("routing", grid, prefix).double().eval()
+    q, k, _ = attn.split_heads(torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64))
+    hl = attn.local_heads
+    c_q, c_k = attn.nearest(q[:, hl:, prefix:], k[:, hl:, prefix:])
+    assert torch.equal(c_q, naive_nearest(q[:, hl:, prefix:], attn.centroids))
+    assert torch.equal(c_k, naive_nearest(k[:, hl:, prefix:], attn.centroids))
+
+
+@pytest.mark.parametrize("prefix", [0, 1], ids=["swin", "vit"])
+def test_routing_heads_see_exactly_their_cluster(prefix):
+    """Paper (Eq. 7): in a routing head every query is routed (no zero row) and its output depends on exactly
+    the values of the keys in its nearest centroid's cluster (given by the naive decision) and the prefix."""
+    from vitzoo.attention.data_driven.routing import naive_nearest
+    torch.manual_seed(0)
+    grid, m = (6, 10), 60
+    attn = make_attention("routing", grid, prefix).double().eval()  # heads 0, 1 local; 2, 3 routing
+    x = torch.randn(1, prefix + m, 32, dtype=torch.float64)
+    q, k, v = (t.detach() for t in attn.split_heads(x))
+    v.requires_grad_()
+    out = attn.attend(q, k, v, grid)[:, :, prefix:]  # [1, h, M, d]
+    assert (out[:, 2:].abs().amax(-1) > 0).all(), "a routing-head output is zero"
+    c_q = naive_nearest(q[:, 2:, prefix:], attn.centroids)[0]  # [h_r, M]
+    c_k = naive_nearest(k[:, 2:, prefix:], attn.centroids)[0]
+    for head in (2, 3):
+        for token in range(0, m, 7):
+            grad, = torch.autograd.grad(out[0, head, token].sum(), v, retain_graph=True)
+            depends = grad[0, head, prefix:].abs().amax(-1) > 0  # [M]
+            expected = c_k[head - 2] == c_q[head - 2, token]
+            if not expected.any():
+                expected[token] = True  # an empty cluster: the query's own key
+            assert torch.equal(depends, expected), (head, token)
+            if prefix:
+                assert grad[0, head, 0].abs().amax() > 0
+
+
+def test_routing_assignment_option():
+    assert make_attention("routing", (8, 8), 0).cfg.assignment == "nearest"  # the paper's
+    with pytest.raises(ConfigError, match="attention.assignment must be one of nearest, balanced"):
+        make_attention("routing", (8, 8), 0, assignment="topk")
+    torch.manual_seed(0)
+    attn = make_attention("routing", (6, 10), 1, assignment="balanced").double().eval()
+    x = torch.randn(2, 61, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
+        measured = flop_analysis(Host(attn.float(), (6, 10)), (x[:1].float(),)).by_module()["attn"]
+    assert measured == attn.flops((6, 10))
+
+
+def naive_sinkhorn(scores: torch.Tensor, temperature: float, iters: int) -> torch.Tensor:
+    """Sinkhorn's algorithm on one matrix as the paper writes it, in probability space: ``exp(S/τ)``, then
+    ``iters`` rounds of dividing by the column sums, then by the row sums."""
+    r = torch.exp(scores / temperature)
+    for _ in range(iters):
+        r = r / r.sum(0, keepdim=True)
+        r = r / r.sum(1, keepdim=True)
+    return r
+
+
+@pytest.mark.parametrize("sort_net", ["mlp", "bilinear"])
+def test_sinkhorn_sort_equals_the_naive_algorithm(sort_net):
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1, sort_net=sort_net).double().eval()
+    blocks = sinkhorn_blocks(attn, torch.randn(2, 65, 32, dtype=torch.float64))
+    with torch.no_grad():
+        r, scores = attn.sort_matrix(*blocks, 64), attn.sort_scores(*blocks, 64)  # [B, h, nb, nb]
+    for b in range(2):
+        for h in range(4):
+            torch.testing.assert_close(r[b, h], naive_sinkhorn(scores[b, h], attn.cfg.temperature, attn.cfg.iters))
+
+
+def test_sinkhorn_sortnet_is_the_papers_two_layer_net_on_pooled_blocks():
+    """score[i] = W2 relu(W1 k̄_i + b1) + b2 per head, k̄_i the mean key of block i: one logit per target block."""
+    torch.manual_seed(0)
+    attn = make_attention("sinkhorn", (8, 8), 1).double().eval()
+    _, kb = sinkhorn_blocks(attn, torch.randn(1, 65, 32, dtype=torch.float64))
+    with torch.no_grad():
+        scores = attn.sort_scores(kb, kb, 64)
+        for h in range(4):
+            for i in range(8):
+                pooled = kb[0, h, i].mean(0)  # [d]
+                hidden = torch.relu(pooled @ attn.sort_hidden.weight[h] + attn.sort_hidden.bias[h, 0])
+                torch.testing.assert_close(scores[0, h, i], hidden @ attn.sort_out.weight[h] + attn.sort_out.bias[h, 0])
+
+
+def test_sinkhorn_sortnet_needs_its_block_count_and_bilinear_runs_anywhere():
+    attn = make_attention("sinkhorn", (8, 8), 1)  # b = 8, nb = 8
+    with pytest.raises(ConfigError, match="attention.sort_net=mlp was built for 8 blocks and this grid has 10") as err:
+        attn(torch.randn(1, 1 + 10 * 10, 32), (10, 10))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="attention.sort_net must be one of mlp, bilinear"):
+        make_attention("sinkhorn", (8, 8), 1, sort_net="conv")
+    bilinear = make_attention("sinkhorn", (8, 8), 1, sort_net="bilinear")
+    assert bilinear(torch.randn(1, 101, 32), (10, 10)).shape == (1, 101, 32)
+
+
+def naive_lsh_bucket(x: torch.Tensor, rotation: torch.Tensor) -> int:
+    """The paper's angular LSH for one vector: ``h(x) = argmax([xR; -xR])`` with R a ``[d, n_b/2]`` rotation."""
+    proj = [float(x @ rotation[:, j]) for j in range(rotation.shape[1])]
+    values = proj + [-p for p in proj]
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (6, 10)])
+def test_reformer_hash_equals_the_naive_lsh_bucket(grid):
+    torch.manual_seed(0)
+    attn = make_attention("reformer", grid, 1).double().eval()
+    n_b = attn.n_buckets(grid)
+    x = torch.randn(2, 4, grid[0] * grid[1], 8, dtype=torch.float64)
+    with torch.no_grad():
+        buckets = attn.hash(x, n_b)  # [B, h, n_hashes, M]
+    rot = attn.rotations[..., : n_b // 2]  # [h, d, n_hashes, n_b/2]
+    for b in range(2):
+        for h in range(4):
+            for r in range(attn.cfg.n_hashes):
+                for t in range(0, grid[0] * grid[1], 5):
+                    assert int(buckets[b, h, r, t]) == naive_lsh_bucket(x[b, h, t], rot[h, :, r]), (b, h, r, t)

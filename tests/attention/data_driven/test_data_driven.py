@@ -44,9 +44,10 @@ class _Call(torch.nn.Module):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_never_builds_a_token_by_token_matrix(name):
-    """At 32x32 + class token no intermediate (forward or backward) has two axes >= N/2."""
+    """At 32x32 + class token no intermediate (forward or backward) has two axes >= N/2 (routing: with
+    ``assignment: balanced``; the paper's nearest-centroid routing heads mask one M×M score matrix)."""
     grid, n = (32, 32), 1025
-    attn = make_attention(name, grid, 1)
+    attn = make_attention(name, grid, 1, **({"assignment": "balanced"} if name == "routing" else {}))
     x = torch.randn(1, n, 32, requires_grad=True)
     with RecordShapes() as rec:
         attn(x, grid).sum().backward()
@@ -154,12 +155,13 @@ def test_sinkhorn_sort_matrix_is_doubly_stochastic_and_learned():
     torch.testing.assert_close(r.sum(-1), torch.ones(2, 4, 8))
     torch.testing.assert_close(r.sum(-2), torch.ones(2, 4, 8), rtol=0, atol=1e-3)
     attn.train()(x, (8, 8)).square().sum().backward()
-    assert attn.sort_q.weight.grad.abs().sum() > 0 and attn.sort_k.weight.grad.abs().sum() > 0
+    assert attn.sort_hidden.weight.grad.abs().sum() > 0 and attn.sort_out.weight.grad.abs().sum() > 0
 
 
-def test_routing_tokens_picked_by_no_cluster_attend_to_the_prefix_only_in_routing_heads():
+def test_balanced_routing_tokens_picked_by_no_cluster_attend_to_the_prefix_only_in_routing_heads():
+    """The ``balanced`` option (top-w per centroid) leaves tokens out of every cluster; they see the prefix only."""
     torch.manual_seed(0)
-    attn = make_attention("routing", (8, 8), 1).double().eval()  # heads 0, 1 local; 2, 3 routing
+    attn = make_attention("routing", (8, 8), 1, assignment="balanced").double().eval()  # heads 0, 1 local
     x = torch.randn(1, 65, 32, dtype=torch.float64)
     q, k, v = attn.split_heads(x)
     idx_q, _ = attn.route(q[:, 2:, 1:], k[:, 2:, 1:], attn.cluster_size((8, 8)))

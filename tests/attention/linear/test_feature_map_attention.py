@@ -99,7 +99,7 @@ def test_rfa_features_estimate_gaussian_kernel():
     torch.manual_seed(0)
     attn = make_attention("rfa", num_features=8192).double()
     q, k = torch.randn(1, 4, 10, 8, dtype=torch.float64), torch.randn(1, 4, 10, 8, dtype=torch.float64)
-    s, omega = attn.scale_param, attn.features.weight
+    s, omega = attn.feature_scale(), attn.features.weight
     est = fourier_features(q, s, omega) @ fourier_features(k, s, omega).transpose(-2, -1)  # [1, h, 10, 10]
     qn, kn = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
     exact = torch.exp(-(qn[..., :, None, :] - kn[..., None, :, :]).square().sum(-1) / 2)

@@ -98,12 +98,14 @@ def test_every_query_depends_on_its_whole_pattern(name, prefix):
         assert bool(reached[allowed[i]].all()), f"{name}: query {i} misses keys {(allowed[i] & ~reached).nonzero()}"
 
 
-@pytest.mark.parametrize("grid,prefix,kernel", [((8, 8), 1, 3), ((5, 7), 0, 5), ((4, 4), 0, 3)])
-def test_local_relative_position_bias_matches_reference(grid, prefix, kernel):
-    """NAT's (2k-1)² bias per head: fast path = dense reference; no extra counted FLOPs; the table learns."""
+@pytest.mark.parametrize("name", ["local", "dilated"])
+@pytest.mark.parametrize("grid,prefix,kernel", [((8, 8), 1, 3), ((5, 7), 0, 5), ((4, 4), 0, 3), ((12, 9), 1, 3)])
+def test_relative_position_bias_matches_reference(name, grid, prefix, kernel):
+    """NAT's and DiNAT's (2k-1)² bias per head (on by default): fast path = dense reference; no extra counted
+    FLOPs; the table learns."""
     torch.manual_seed(0)
-    attn = make_attention("local", grid, prefix, kernel_size=kernel, rel_pos_bias=True).double().eval()
-    plain = make_attention("local", grid, prefix, kernel_size=kernel)
+    attn = make_attention(name, grid, prefix, kernel_size=kernel).double().eval()
+    plain = make_attention(name, grid, prefix, kernel_size=kernel, rel_pos_bias=False)
     assert attn.rel_pos_bias.shape == (4, 2 * kernel - 1, 2 * kernel - 1) and attn.flops(grid) == plain.flops(grid)
     with torch.no_grad():
         attn.rel_pos_bias.normal_()  # a table far from zero
@@ -114,9 +116,28 @@ def test_local_relative_position_bias_matches_reference(grid, prefix, kernel):
     assert attn.rel_pos_bias.grad is not None and attn.rel_pos_bias.grad.abs().sum() > 0
 
 
-def test_relative_position_bias_is_a_bool_option():
+def test_dilated_bias_is_indexed_in_steps_of_the_dilation():
+    """DiNAT: a key δ·(a, b) away from its query reads table[k-1+a, k-1+b] (coordinates, not the backend's tables)."""
+    torch.manual_seed(0)
+    grid, k, delta = (12, 12), 3, 2
+    attn = make_attention("dilated", grid, 0, kernel_size=k, dilation=delta).double().eval()
+    table = torch.zeros(4, 2 * k - 1, 2 * k - 1, dtype=torch.float64)
+    table[:, k - 1 + 1, k - 1 - 1] = 50.0  # key one δ-step down and one left of the query: dominant
+    with torch.no_grad():
+        attn.rel_pos_bias.copy_(table)
+    x = torch.randn(1, 144, 32, dtype=torch.float64)
+    q = (5, 6)  # interior query: its neighbourhood is centred
+    key = (q[0] + delta, q[1] - delta)
+    out = attn(x, grid)[0, q[0] * 12 + q[1]]
+    # with one key at weight ~1 the output is that key's value projected: compare with a one-hot attention
+    v = attn.qkv(x)[0, key[0] * 12 + key[1], 64:]  # [C] value row of that key
+    torch.testing.assert_close(out, attn.proj(v), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["local", "dilated"])
+def test_relative_position_bias_is_a_bool_option(name):
     with pytest.raises(ConfigError, match=r"attention.rel_pos_bias must be true or false"):
-        make_attention("local", (8, 8), 0, rel_pos_bias=1)
-    assert make_attention("local", (8, 8), 0).rel_pos_bias is None and "rel_pos_bias" not in dict(
-        make_attention("local", (8, 8), 0).named_parameters()
-    )
+        make_attention(name, (8, 8), 0, rel_pos_bias=1)
+    assert make_attention(name, (8, 8), 0).rel_pos_bias is not None  # the paper's default
+    off = make_attention(name, (8, 8), 0, rel_pos_bias=False)
+    assert off.rel_pos_bias is None and "rel_pos_bias" not in dict(off.named_parameters())

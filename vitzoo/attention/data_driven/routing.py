@@ -12,23 +12,27 @@ Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
   ``⌊j·(M - w)/(K - 1)⌋``: the first starts at token 0 and the last ends at token M - 1. As K·w >= M
   the windows cover every token; they are disjoint when K divides M and otherwise overlap by
   K·w - M tokens in all. Fixed, data-independent and the same size as a cluster.
-* Routing heads: K unit centroids ``mu[h_r, K, d]`` per routing head (a buffer, drawn at
-  construction from a generator seeded by ``layer_index``). Queries and keys are unit-normalised
-  and scored against every centroid; each centroid takes its top-w queries and its top-w keys, so
-  every cluster has exactly w queries and w keys, as in the paper's balanced routing.
-* A token in several pieces of a head merges their results by logsumexp (it attends to the
-  multiset union of those key sets). In a routing head a token picked by no centroid attends only
-  to the prefix keys, or gets a zero output there when there are none; its local heads still
-  attend to its window.
+* Routing heads (``assignment: nearest``, the paper's): K unit centroids ``mu[h_r, K, d]`` per routing
+  head (a buffer, drawn at construction from a generator seeded by ``layer_index``). Every unit-normalised
+  query and key goes to its nearest centroid, and a query attends to the keys of its own cluster (Eq. 7 of
+  the paper: ``X'_i = Σ_{j: K_j ∈ μ(Q_i)} A_ij V_j``) and to the prefix keys. No token is left out; a query
+  whose cluster holds no key attends to its own key as well (the one deliberate addition: no empty row).
+  Clusters have any size, so the routing heads run one SDPA call over the M grid keys masked to the query's
+  cluster: exact, 2M(M + P)·C_r (quadratic in M; the paper's O(M^1.5) assumes balanced clusters).
+* ``assignment: balanced``, an option: each centroid takes its top-w queries and its top-w keys (clusters of
+  exactly w, O(M^1.5)), as the paper's released code does; a token picked by no centroid attends only to
+  the prefix keys in that head (or gets 0 there without any), and a token in several clusters merges them.
+* A token in several pieces of a local head merges their results by logsumexp (it attends to the
+  multiset union of those key sets).
 * k-means update: in training, every forward assigns each normalised query and key of the routing
   heads to its nearest centroid and moves the centroid by an exponential moving average of the
   mean of its members (``mu <- normalise(decay·mu + (1 - decay)·mean)``), under ``no_grad``. Eval
   never changes them. The statistics (member sums and counts) are accumulated in float32 whatever
   the autocast dtype and summed over data-parallel ranks when ``torch.distributed`` is
   initialised, so every replica takes the same step.
-* Cost: the centroid scores are 2MK·C_r (C_r = h_r·d channels of the routing heads) and the
-  pieces of all heads 2Kw²C ≈ 2MwC; with the default K = ⌈√M⌉ both are O(M^1.5), the paper's
-  complexity (so ``linear_cost`` is False). A local head costs what a routing head's clusters cost.
+* Cost: the centroid scores are 2MK·C_r (C_r = h_r·d channels of the routing heads), the local heads'
+  windows 2Kw²C_l ≈ 2MwC_l (O(M^1.5) with the default K = ⌈√M⌉) and the routing heads 2M(M + P)C_r
+  (``balanced``: 2Kw²C_r), so ``linear_cost`` is False.
 * Padding: nothing is padded. Windows and clusters hold w real tokens each, K·w >= M always;
   ``pad: false`` instead requires K to divide M exactly.
 * Prefix tokens (class token): every grid query also attends to the P prefix keys (merged by
@@ -57,6 +61,7 @@ from vitzoo.attention.data_driven.bucket import (
     prefix_part,
     scatter_combine,
 )
+from vitzoo.attention.functional import dense_attention, sdpa
 
 
 def all_ranks_sum(t: Tensor) -> Tensor:
@@ -70,16 +75,56 @@ def all_ranks_sum(t: Tensor) -> Tensor:
     return t
 
 
+ASSIGNMENTS = ("nearest", "balanced")  # attention.assignment
+
+
+def naive_nearest(x: Tensor, centroids: Tensor) -> Tensor:
+    """Reference decision: the index of the centroid at the smallest Euclidean distance from each unit-normalised
+    row of ``x``, one (image, head) at a time (none of the fast path's code).
+
+    Args:
+        x: ``[B, h, T, d]`` queries or keys.
+        centroids: ``[h, K, d]`` unit centroids.
+
+    Returns:
+        ``[B, h, T]`` centroid indices.
+    """
+    B, h, T, _ = x.shape
+    out = torch.empty(B, h, T, dtype=torch.long, device=x.device)
+    for b in range(B):
+        for head in range(h):
+            rows = x[b, head] / x[b, head].norm(dim=-1, keepdim=True).clamp_min(1e-12)  # [T, d]
+            out[b, head] = ((centroids[head][None] - rows[:, None]) ** 2).sum(-1).argmin(-1)  # [T, K] -> [T]
+    return out
+
+
+def routed_reference(q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, c_q: Tensor, c_k: Tensor) -> Tensor:
+    """Reference of the routing heads given the decision: dense attention masked to the keys in the query's
+    cluster (its own key too where that cluster holds none) and the prefix keys.
+
+    Args:
+        q, k, v: ``[B, h, M, d]`` grid queries, keys, values; kp, vp: ``[B, h, P, d]`` prefix keys, values.
+        c_q, c_k: ``[B, h, M]`` the cluster of every query and of every key.
+    """
+    allowed = c_q[..., :, None] == c_k[..., None, :]  # [B, h, M, M]
+    allowed = allowed | torch.diag_embed(allowed.sum(-1) == 0)
+    allowed = torch.cat([torch.ones_like(allowed[..., :1]).expand(-1, -1, -1, kp.shape[2]), allowed], -1)
+    return dense_attention(q, torch.cat([kp, k], 2), torch.cat([vp, v], 2), allowed=allowed)
+
+
 @dataclass
 class RoutingConfig:
     num_clusters: Optional[int] = None  # pieces K per head (centroids or windows); null = ⌈√M⌉, M at construction
     local_heads: Optional[int] = None  # heads using K fixed windows instead of clusters, 1..h; null = ⌈h/2⌉
     decay: float = 0.999  # EMA decay of the centroid update in training, in (0, 1)
     pad: bool = True  # allow K not dividing M (pieces of ⌈M/K⌉ tokens); false = error when it does not divide
+    assignment: str = "nearest"  # nearest: every query and key to its nearest centroid (the paper); balanced: top-w
 
     def __post_init__(self):
         check_auto_size(self, "num_clusters")
         check_auto_size(self, "local_heads")
+        check(self.assignment in ASSIGNMENTS,
+              f"attention.assignment must be one of {', '.join(ASSIGNMENTS)} (got {self.assignment!r})")
         check(isinstance(self.decay, (int, float)) and 0.0 < self.decay < 1.0,
               f"attention.decay must be in (0, 1) (got {self.decay!r})")
 
@@ -95,7 +140,7 @@ class RoutingAttention(BucketAttention):
         ctx: the host's context (``layer_index`` seeds the centroids).
     """
 
-    formula = "4NC² + 2MK·C_r + 2Kw²C + 2PMC + 2PNC"
+    formula = "4NC² + 2MK·C_r + 2Kw²C_l + 2M(M + P)C_r + 2PMC_l + 2PNC"
 
     def __init__(self, cfg: RoutingConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -171,19 +216,78 @@ class RoutingAttention(BucketAttention):
         moved = F.normalize(self.cfg.decay * self.centroids + (1 - self.cfg.decay) * mean, dim=-1)
         self.centroids.copy_(torch.where(counts > 0, moved, self.centroids))
 
+    def nearest(self, q: Tensor, k: Tensor, update: bool = False) -> tuple[Tensor, Tensor]:
+        """The nearest centroid ``[B, h_r, M]`` of every query and of every key of the routing heads.
+
+        Args:
+            q, k: grid queries and keys of the routing heads ``[B, h_r, M, d]``.
+            update: take an EMA k-means step on the centroids afterwards (training).
+        """
+        x = F.normalize(torch.cat([q, k], 2), dim=-1)  # [B, h_r, 2M, d] queries then keys
+        aff = x @ self.centroids.transpose(-2, -1)  # [B, h_r, 2M, K]
+        if update:
+            self.update_centroids(x, aff)
+        return aff.argmax(dim=-1).chunk(2, dim=-1)  # [B, h_r, M] each (NaN scores pick a cluster, stay NaN)
+
+    def routed(self, q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, update: bool) -> Tensor:
+        """Routing heads: each grid query attends to the grid keys of its cluster and the prefix keys.
+
+        Args:
+            q, k, v: the routing heads' grid queries, keys, values ``[B, h_r, M, d]``.
+            kp, vp: their prefix keys and values ``[B, h_r, P, d]``.
+            update: take an EMA k-means step (training).
+        """
+        c_q, c_k = self.nearest(q, k, update)
+        m = q.shape[2]
+        same = c_q.unsqueeze(-1) == c_k.unsqueeze(-2)  # [B, h_r, M, M]
+        same = same | (~same.any(-1, keepdim=True) & torch.eye(m, dtype=torch.bool, device=q.device))
+        mask = torch.cat([same.new_ones(*same.shape[:-1], kp.shape[2]), same], -1)  # [B, h_r, M, P + M]
+        p_drop = self.attn_drop.p if self.training else 0.0
+        return sdpa(q, torch.cat([kp, k], 2), torch.cat([vp, v], 2), attn_mask=mask, dropout_p=p_drop)
+
+    def local(self, q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, w: int) -> Tensor:
+        """Local heads: each grid query attends to its window(s) and the prefix keys ``[B, h_l, M, d]``.
+
+        Args:
+            q, k, v: the local heads' grid queries, keys, values ``[B, h_l, M, d]``.
+            kp, vp: their prefix keys and values ``[B, h_l, P, d]``.
+            w: window size.
+        """
+        B, h, m, _ = q.shape
+        idx = self.windows(m, w, q.device).expand(B, h, -1, -1)  # [B, h_l, K, w]
+        kc, vc = gather_tokens(torch.cat([k, v], -1), idx).chunk(2, dim=-1)  # [B, h_l, K, w, d] each
+        out, lse = attend_pieces(gather_tokens(q, idx), kc, vc, self.scale, drop=self.attn_drop)
+        extra = prefix_part(q, kp, vp, self.scale, self.attn_drop) if self.num_prefix else None
+        return scatter_combine(out, lse, idx, m, extra)  # [B, h_l, M, d]
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        P = self.num_prefix
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
-        idx_q, idx_k = self.pieces(qg, kg, self.cluster_size(grid), update=self.training)  # [B, h, K, w] each
+        w, hl = self.cluster_size(grid), self.local_heads
+        if self.cfg.assignment == "balanced":
+            return self.prefix_rows(qp, k, v, self.balanced(qg, kg, vg, kp, vp, w))
+        parts = [self.local(qg[:, :hl], kg[:, :hl], vg[:, :hl], kp[:, :hl], vp[:, :hl], w)]
+        if hl < self.num_heads:
+            parts.append(self.routed(qg[:, hl:], kg[:, hl:], vg[:, hl:], kp[:, hl:], vp[:, hl:], self.training))
+        return self.prefix_rows(qp, k, v, torch.cat(parts, 1))  # [B, h, N, d]
+
+    def balanced(self, qg: Tensor, kg: Tensor, vg: Tensor, kp: Tensor, vp: Tensor, w: int) -> Tensor:
+        """``assignment: balanced``: every head through pieces of w tokens (windows, top-w clusters) ``[B, h, M, d]``.
+
+        Args:
+            qg, kg, vg: grid queries, keys, values ``[B, h, M, d]``; kp, vp: prefix keys, values ``[B, h, P, d]``.
+            w: piece size.
+        """
+        idx_q, idx_k = self.pieces(qg, kg, w, update=self.training)  # [B, h, K, w] each
         qc = gather_tokens(qg, idx_q)  # [B, h, K, w, d]
         kc, vc = gather_tokens(torch.cat([kg, vg], -1), idx_k).chunk(2, dim=-1)  # [B, h, K, w, d] each, one gather
         out, lse = attend_pieces(qc, kc, vc, self.scale, drop=self.attn_drop)  # [B, h, K, w, d], [B, h, K, w]
-        extra = prefix_part(qg, kp, vp, self.scale, self.attn_drop) if P else None
-        out_g = scatter_combine(out, lse, idx_q, qg.shape[-2], extra)  # [B, h, M, d]
-        return self.prefix_rows(qp, k, v, out_g)
+        extra = prefix_part(qg, kp, vp, self.scale, self.attn_drop) if self.num_prefix else None
+        return scatter_combine(out, lse, idx_q, qg.shape[-2], extra)  # [B, h, M, d]
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """Dense: key j counts for query i once per window, or per cluster, holding i as a query and j as a key."""
+        """Dense: key j counts for query i once per window (local heads) and, in a routing head, when both went
+        to the same centroid (:func:`naive_nearest`, :func:`routed_reference`); ``balanced`` counts the
+        clusters holding i as a query and j as a key."""
         P, hl = self.num_prefix, self.local_heads
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         B, _, m, _ = qg.shape
@@ -193,24 +297,32 @@ class RoutingAttention(BucketAttention):
         )
         pos = torch.arange(m, device=q.device).unsqueeze(-1)  # [M, 1]
         inside = ((pos >= starts) & (pos < starts + w)).to(q.dtype)  # [M, K] token in window j
-        local = (inside @ inside.T).expand(B, hl, m, m)  # [B, h_l, M, M] windows shared by i and j
-        idx_q, idx_k = self.route(qg[:, hl:], kg[:, hl:], w)
-        member_q = F.one_hot(idx_q, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h_r, M, K]
-        member_k = F.one_hot(idx_k, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h_r, M, K]
-        count = torch.cat([local, member_q @ member_k.transpose(-2, -1)], 1)  # [B, h, M, M] pieces shared by i, j
+        count = (inside @ inside.T).expand(B, hl, m, m)  # [B, h_l, M, M] windows shared by i and j
+        if self.cfg.assignment == "balanced":
+            idx_q, idx_k = self.route(qg[:, hl:], kg[:, hl:], w)
+            member_q = F.one_hot(idx_q, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h_r, M, K]
+            member_k = F.one_hot(idx_k, m).sum(-2).transpose(-2, -1).to(q.dtype)  # [B, h_r, M, K]
+            count = torch.cat([count, member_q @ member_k.transpose(-2, -1)], 1)  # [B, h, M, M]
+        heads = count.shape[1]
         count = torch.cat([count, count.new_ones(*count.shape[:-1], P)], dim=-1)  # prefix keys once
-        scores = (qg @ torch.cat([kg, kp], 2).transpose(-2, -1)) * self.scale  # [B, h, M, M + P]
-        out = dense_parts(scores, count, torch.cat([vg, vp], 2))
+        scores = (qg[:, :heads] @ torch.cat([kg, kp], 2)[:, :heads].transpose(-2, -1)) * self.scale  # [B, h', M, M+P]
+        out = dense_parts(scores, count, torch.cat([vg, vp], 2)[:, :heads])
+        if heads < self.num_heads:  # nearest: the routing heads from the naive decision
+            c_q = naive_nearest(qg[:, hl:], self.centroids)
+            c_k = naive_nearest(kg[:, hl:], self.centroids)
+            out = torch.cat([out, routed_reference(qg[:, hl:], kg[:, hl:], vg[:, hl:], kp[:, hl:], vp[:, hl:],
+                                                   c_q, c_k)], 1)
         return self.dense_prefix_rows(qp, k, v, out)
 
     def attend_flops(self, grid: Grid) -> int:
-        m, d, h, K = grid[0] * grid[1], self.head_dim, self.num_heads, self.num_clusters
-        w = self.cluster_size(grid)
+        m, d, h, K, P = grid[0] * grid[1], self.head_dim, self.num_heads, self.num_clusters, self.num_prefix
+        w, h_r = self.cluster_size(grid), self.num_heads - self.local_heads
         # centroid scores of the routing heads' queries and keys: [q̂; k̂] @ mu, 2M·d·K per routing head
-        flops = 2 * (h - self.local_heads) * m * d * K
-        # per window or cluster, every head: q kᵀ (w·w·d) and attn v (w·w·d)
-        flops += h * attend_pieces_flops(K, w, w, d)
-        return flops + self.prefix_flops(grid)  # prefix keys of the grid queries, prefix queries
+        flops = 2 * h_r * m * d * K + h * attend_pieces_flops(1, P, P + m, d)  # ... and the prefix queries
+        if self.cfg.assignment == "balanced":  # every head: K pieces of w queries and w keys, plus prefix keys
+            return flops + h * (attend_pieces_flops(K, w, w, d) + attend_pieces_flops(1, m, P, d))
+        flops += self.local_heads * (attend_pieces_flops(K, w, w, d) + attend_pieces_flops(1, m, P, d))
+        return flops + h_r * attend_pieces_flops(1, m, P + m, d)  # routing heads: one masked SDPA call
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid
@@ -219,6 +331,7 @@ class RoutingAttention(BucketAttention):
             "K": self.num_clusters,
             "w": self.cluster_size(grid),
             "C_r": (self.num_heads - self.local_heads) * self.head_dim,
+            "C_l": self.local_heads * self.head_dim,
             "P": self.num_prefix,
             "M": grid[0] * grid[1],
         }

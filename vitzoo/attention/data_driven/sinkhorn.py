@@ -4,10 +4,13 @@ Paper: Tay, Bahri, Yang, Metzler and Juan, "Sparse Sinkhorn Attention", ICML 202
 https://arxiv.org/abs/2002.11296.
 
 * Blocks: the M grid tokens are cut into nb blocks of b tokens (zero-padded to nb·b).
-* Sorting network (a small learned net scoring block pairs), one per head: the mean query of
-  block i and the mean key of block j go through that head's two linear maps ``d -> s``
-  (:class:`HeadLinear`, weights ``[h, d, s]``), and ``score_ij = <f_h(q̄_i), g_h(k̄_j)> / √s``; so
-  every head sorts its blocks its own way.
+* Sorting network (``sort_net: mlp``, the paper's SortNet), one per head: each block's keys are pooled
+  (their mean over the block's real tokens) and go through a two-layer net ``d -> s -> nb`` with a ReLU
+  (:class:`HeadLinear` maps, weights ``[h, d, s]`` and ``[h, s, nb]``), giving one logit per target block:
+  ``score_ij`` is block i's logit for position j. The net's output width is the number of blocks at
+  construction, so the layer runs at grids with that many blocks (another count is a ConfigError).
+  ``sort_net: bilinear``, an option: the mean query of block i and the mean key of block j go through two
+  linear maps ``d -> s`` and ``score_ij = <f_h(q̄_i), g_h(k̄_j)> / √s`` (any grid).
 * Gumbel-Sinkhorn (the paper's): in training, ``noise·ε`` with Gumbel noise
   ``ε = -log(-log U)``, U uniform, is added to the scores; eval adds none (deterministic).
 * Sinkhorn normalisation (differentiable): ``log R = score / temperature``, then ``iters`` rounds
@@ -19,7 +22,8 @@ https://arxiv.org/abs/2002.11296.
 * Padding: pad keys of the local block are masked; a sorted slot t of block i carries weight
   ``Σ_j R_ij·valid_j[t] = 1 - R_i,last`` where the last block is padded (its share of real keys),
   added to its score as ``log`` weight. Without padding every weight is 1 (no bias).
-* Cost: 4LbC for the block attention and 2·nb·LC for the soft permutation, so O(N²/b); the
+* Cost: 4LbC for the block attention, 2·nb·LC for the soft permutation and nb·sC + h·nb²·s for the
+  sorting net (``bilinear``: 2·nb·sC + h·nb²·s), so O(N²/b); the
   default b = ⌈√M⌉ makes both O(N^1.5) (``linear_cost`` is False).
 * Prefix tokens (class token): they are not sorted. Every grid query also attends to the P prefix
   keys (merged by logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
@@ -49,6 +53,7 @@ from vitzoo.attention.data_driven.bucket import (
 )
 
 MAX_ITERS = 100
+SORT_NETS = ("mlp", "bilinear")  # attention.sort_net
 
 
 @dataclass
@@ -59,9 +64,12 @@ class SinkhornConfig:
     temperature: float = 0.75  # divides the block-pair scores before Sinkhorn (lower = harder sort)
     noise: float = 1.0  # scale of the Gumbel noise on the block-pair scores in training, >= 0 (0: none); none in eval
     pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
+    sort_net: str = "mlp"  # mlp: pooled key blocks -> d -> s -> nb logits (the paper's SortNet); bilinear: <f(q̄), g(k̄)>
 
     def __post_init__(self):
         check_auto_size(self, "block_size")
+        check(self.sort_net in SORT_NETS, f"attention.sort_net must be one of {', '.join(SORT_NETS)} "
+                                          f"(got {self.sort_net!r})")
         check_positive(self, "sort_dim", "iters")
         check(self.iters <= MAX_ITERS, f"attention.iters must be in 1..{MAX_ITERS} (got {self.iters})")
         check_positive_number(self, "temperature")
@@ -109,13 +117,34 @@ class SinkhornAttention(BucketAttention):
         ctx: the host's context.
     """
 
-    formula = "4NC² + 4LbC + 2·nb·LC + 2·nb·sC + h·nb²·s + 2PMC + 2PNC"
+    formula = "4NC² + 4LbC + 2·nb·LC + nb·sC + h·nb²·s + 2PMC + 2PNC"
 
     def __init__(self, cfg: SinkhornConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
-        self.sort_q = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block query embedding f_h
-        self.sort_k = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block key embedding g_h
-        self.layout(ctx.grid)
+        self.num_blocks = self.layout(ctx.grid)[1]
+        if cfg.sort_net == "mlp":
+            self.sort_hidden = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # pooled block -> s
+            self.sort_out = HeadLinear(self.num_heads, cfg.sort_dim, self.num_blocks)  # s -> one logit per block
+        else:
+            self.sort_q = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block query embedding f_h
+            self.sort_k = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block key embedding g_h
+
+    def sort_scores(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
+        """Block-pair scores ``[B, h, nb, nb]`` of the sorting network (before noise and temperature).
+
+        Args:
+            qb, kb: query and key blocks ``[B, h, nb, b, d]`` (zero-padded).
+            m: real grid tokens.
+        """
+        nb, b = qb.shape[2], qb.shape[3]
+        count = (torch.arange(nb * b, device=qb.device) < m).view(nb, b).sum(-1, keepdim=True)  # [nb, 1] real tokens
+        k_mean = kb.sum(-2) / count  # [B, h, nb, d]
+        if self.cfg.sort_net == "bilinear":
+            q_mean = qb.sum(-2) / count  # [B, h, nb, d]
+            return self.sort_q(q_mean) @ self.sort_k(k_mean).transpose(-2, -1) / math.sqrt(self.cfg.sort_dim)
+        check(nb == self.num_blocks, f"attention.sort_net=mlp was built for {self.num_blocks} blocks and this grid "
+                                     f"has {nb}; use a grid with as many blocks or attention.sort_net=bilinear")
+        return self.sort_out(torch.relu(self.sort_hidden(k_mean)))  # [B, h, nb, nb]: block i's logit per position
 
     def layout(self, grid: Grid) -> tuple[int, int]:
         """Block size b and number of blocks nb at ``grid`` (ConfigError when b is out of range or does not divide)."""
@@ -130,11 +159,7 @@ class SinkhornAttention(BucketAttention):
             qb, kb: query and key blocks ``[B, h, nb, b, d]`` (zero-padded).
             m: real grid tokens.
         """
-        nb, b = qb.shape[2], qb.shape[3]
-        count = (torch.arange(nb * b, device=qb.device) < m).view(nb, b).sum(-1, keepdim=True)  # [nb, 1] real tokens
-        q_mean, k_mean = qb.sum(-2) / count, kb.sum(-2) / count  # [B, h, nb, d]
-        scores = self.sort_q(q_mean) @ self.sort_k(k_mean).transpose(-2, -1)  # [B, h, nb, nb]
-        scores = scores / math.sqrt(self.cfg.sort_dim)
+        scores = self.sort_scores(qb, kb, m)
         if self.training and self.cfg.noise:
             scores = scores + self.cfg.noise * gumbel_like(scores)
         log_r = scores / self.cfg.temperature
@@ -208,10 +233,11 @@ class SinkhornAttention(BucketAttention):
     def attend_flops(self, grid: Grid) -> int:
         b, nb = self.layout(grid)
         d, h, s = self.head_dim, self.num_heads, self.cfg.sort_dim
-        # sorting network: each head's sort_q and sort_k maps on its block means (nb·d·s each per head)
-        flops = 2 * h * nb * d * s
-        # block-pair scores f(q̄) @ g(k̄)ᵀ: nb·nb·s per head
-        flops += h * nb * nb * s
+        if self.cfg.sort_net == "bilinear":
+            # each head's sort_q and sort_k maps on its block means (nb·d·s each), block-pair scores (nb·nb·s)
+            flops = 2 * h * nb * d * s + h * nb * nb * s
+        else:  # SortNet: pooled block -> s (nb·d·s), s -> nb logits (nb·s·nb), per head
+            flops = h * nb * d * s + h * nb * s * nb
         # soft permutation R @ [K | V]: nb·nb·(b·2d) per head
         flops += 2 * h * nb * nb * b * d
         # per block: q kᵀ (b·2b·d) and attn v (b·2b·d) against local + sorted block, per head

@@ -150,18 +150,28 @@ class RandomFeatureAttention(QKVAttention):
         """Constant factor of ``φ(q)ᵀφ(k)`` that the fast path applies to ``φ(K)ᵀ[V | 1]`` instead."""
         return 1.0
 
+    def floor(self, n: int) -> float:
+        """The lower clamp of the normaliser ``φ(q)ᵀΣφ(k)`` over ``n`` keys (:attr:`eps` unless overridden).
+
+        Args:
+            n: keys per query.
+        """
+        return self.eps
+
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         # fused: qkv [B, N, 3C] -> heads merged [B, N, C]; features recomputed in backward, not stored
         omega = self.features()  # the current draw (redraws happen between steps)
         out = feature_attention_qkv(
-            self.feature_kind, self.qkv(x), self.num_heads, omega, self.feature_scale(), self.eps, self.feature_factor()
+            self.feature_kind, self.qkv(x), self.num_heads, omega, self.feature_scale(), self.floor(x.shape[1]),
+            self.feature_factor(),
         )
         return self.proj_drop(self.proj(out))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         # the per-head form (forward fuses it with the head split and merge): same values
         omega = self.features()
-        return feature_map_attention(self.feature_map(q, omega, True), self.feature_map(k, omega, False), v, self.eps)
+        phi_q, phi_k = self.feature_map(q, omega, True), self.feature_map(k, omega, False)
+        return feature_map_attention(phi_q, phi_k, v, self.floor(k.shape[2]))
 
     def attend_flops(self, grid: Grid) -> int:
         n, m, d = self.seq_len(grid), self.cfg.num_features, self.head_dim
@@ -174,7 +184,7 @@ class RandomFeatureAttention(QKVAttention):
         # explicit kernel matrix φ(Q)φ(K)ᵀ [N, N], then AV / A1 (same clamp)
         omega = self.features.weight
         phi_q, phi_k = self.feature_map(q, omega, True), self.feature_map(k, omega, False)
-        return feature_map_attention_quadratic(phi_q, phi_k, v, self.eps)
+        return feature_map_attention_quadratic(phi_q, phi_k, v, self.floor(k.shape[2]))
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         return {**super().symbols(grid), self.feature_symbol: self.cfg.num_features}

@@ -42,14 +42,23 @@ from vitzoo.attention.sparse.neighbourhood import NeighbourhoodAttention
 @dataclass
 class LocalConfig:
     kernel_size: int = 3  # neighbourhood side k (odd, <= the grid's shorter side)
-    rel_pos_bias: bool = False  # NAT's relative position bias: a learned (2k-1)² table per head on the scores
+    rel_pos_bias: bool = True  # NAT's relative position bias (the paper's): a learned (2k-1)² table per head
     impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
 
     def __post_init__(self):
         check_odd_kernel(self)
         flex.check_impl(self)
-        check(isinstance(self.rel_pos_bias, bool), f"attention.rel_pos_bias must be true or false "
-                                                   f"(got {self.rel_pos_bias!r})")
+        check_rel_pos_bias(self)
+
+
+def check_rel_pos_bias(cfg) -> None:
+    """``attention.rel_pos_bias`` is a bool.
+
+    Args:
+        cfg: a config with ``rel_pos_bias``.
+    """
+    check(isinstance(cfg.rel_pos_bias, bool), f"attention.rel_pos_bias must be true or false "
+                                              f"(got {cfg.rel_pos_bias!r})")
 
 
 
@@ -70,7 +79,7 @@ class LocalAttention(NeighbourhoodAttention):
 
     def __init__(self, cfg: LocalConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
-        self.uses_offsets = getattr(cfg, "rel_pos_bias", False)  # DilatedConfig has no such option
+        self.uses_offsets = cfg.rel_pos_bias
         self.rel_pos_bias = None
         if self.uses_offsets:
             span = 2 * cfg.kernel_size - 1

@@ -64,6 +64,9 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
         check(cfg.dilated_heads <= ctx.num_heads,
               f"attention.dilated_heads={cfg.dilated_heads} exceeds the layer's {ctx.num_heads} heads "
               f"(model.num_heads); pick 0..{ctx.num_heads}")
+        check(cfg.num_global > 0 or ctx.num_prefix > 0,
+              "attention=longformer needs a global token: attention.num_global=0 on a model without a class token "
+              "(Swin) leaves only sliding windows; set attention.num_global >= 1 or use attention=local")
         super().__init__(cfg, ctx)
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:

@@ -131,8 +131,10 @@ void forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           }
           for (int64_t j = 0; j < s.Kp; ++j) {
             T* p = &blk.st[j * s.Sp + r];
-            const vec<T> x = load<T>(p) - top;  // <= 0 where kept; clamped elsewhere (padding lanes: top = -inf)
-            const vec<T> e = exp2v(x < 0 ? x : vec<T>{});
+            // <= 0 where kept; clamped elsewhere (padding lanes: top = -inf). NaN is kept: a NaN score (a NaN query,
+            // key or weight) gives a NaN probability, as the PyTorch path's softmax does, never weight 1.
+            const vec<T> x = load<T>(p) - top;
+            const vec<T> e = exp2v(x > 0 ? vec<T>{} : x);
             store<T>(p, kept<T>(m + j * s.Sp + r) ? e : vec<T>{});
             sum += load<T>(p);
           }
@@ -200,7 +202,7 @@ void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
           for (int64_t j = 0; j < s.Kp; ++j) {
             T* p = &blk.st[j * s.Sp + r];
             const vec<T> x = load<T>(p) - top;
-            const vec<T> e = exp2v(x < 0 ? x : vec<T>{});
+            const vec<T> e = exp2v(x > 0 ? vec<T>{} : x);  // NaN stays NaN (see the forward)
             store<T>(p, kept<T>(m + j * s.Sp + r) ? e : vec<T>{});
             dot += load<T>(p) * load<T>(&blk.dst[j * s.Sp + r]);
           }
@@ -223,18 +225,60 @@ void backward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   });
 }
 
-void check_inputs(const std::vector<at::Tensor>& rows, const at::Tensor& q_ids, const at::Tensor& k_ids,
-                  const at::Tensor& keep) {
-  for (const auto& t : rows) {
-    TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.scalar_type() == rows[0].scalar_type(),
-                "block_attention kernel: q, k, v and the global keys/values must be [B, c, L, d] CPU tensors of one ",
-                "dtype");
-    TORCH_CHECK(t.stride(3) == 1 || t.size(3) <= 1, "block_attention kernel: the head dim must be contiguous");
+// Every argument is checked before any memory is read: a bad call is a Python RuntimeError naming the argument.
+void check_rows(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 4, "block_attention kernel: ", name, " must be a 4-d CPU tensor ",
+              "[B, c, L, d], got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == q.scalar_type() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble),
+              "block_attention kernel: ", name, " must be float32 or float64, in q's dtype; got ", t.scalar_type());
+  TORCH_CHECK(t.size(0) == q.size(0) && t.size(1) == q.size(1) && t.size(3) == q.size(3), "block_attention kernel: ",
+              name, " must have q's B, c and d ", q.sizes(), "; got ", t.sizes());
+  TORCH_CHECK(t.stride(3) == 1 || t.size(3) <= 1, "block_attention kernel: ", name, "'s head dim must be contiguous");
+}
+
+void check_ids(const at::Tensor& ids, const char* name, int64_t dims, int64_t limit, int64_t low) {
+  TORCH_CHECK(ids.device().is_cpu() && ids.scalar_type() == at::kLong && ids.is_contiguous() && ids.dim() == dims,
+              "block_attention kernel: ", name, " must be a contiguous ", dims, "-d int64 CPU tensor; got ",
+              ids.scalar_type(), " ", ids.sizes());
+  if (ids.numel() == 0) return;
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  TORCH_CHECK(lo >= low && hi < limit, "block_attention kernel: ", name, " must lie in [", low, ", ", limit,
+              "); got values from ", lo, " to ", hi);
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kg,
+                  const at::Tensor& vg, const at::Tensor& q_ids, const at::Tensor& k_ids, const at::Tensor& keep) {
+  check_rows(q, "q", q), check_rows(k, "k", q), check_rows(v, "v", q), check_rows(kg, "k_glob", q);
+  check_rows(vg, "v_glob", q);
+  TORCH_CHECK(v.size(2) == k.size(2), "block_attention kernel: v must have k's ", k.size(2), " rows; got ", v.size(2));
+  TORCH_CHECK(vg.size(2) == kg.size(2), "block_attention kernel: v_glob must have k_glob's ", kg.size(2),
+              " rows; got ", vg.size(2));
+  check_ids(q_ids, "q_ids", 2, q.size(2), 0);
+  check_ids(k_ids, "k_ids", 3, k.size(2), 0);
+  TORCH_CHECK((k_ids.size(0) == 1 || k_ids.size(0) == q.size(1)) && k_ids.size(1) == q_ids.size(0),
+              "block_attention kernel: k_ids must be [1 or c=", q.size(1), ", n=", q_ids.size(0), ", K]; got ",
+              k_ids.sizes());
+  TORCH_CHECK(keep.device().is_cpu() && keep.scalar_type() == at::kByte && keep.is_contiguous() && keep.dim() == 4 &&
+              (keep.size(0) == 1 || keep.size(0) == q.size(1)),
+              "block_attention kernel: keep must be contiguous uint8 [1 or c, n, Kp, Sp]; got ", keep.scalar_type(),
+              " ", keep.sizes());
+}
+
+void check_backward(const at::Tensor& q, const at::Tensor& q_ids, const at::Tensor& lse, const at::Tensor& grad,
+                    const at::Tensor& rows) {
+  check_rows(grad, "grad", q);
+  const int64_t slots = q_ids.numel();
+  TORCH_CHECK(lse.device().is_cpu() && lse.is_contiguous() && lse.scalar_type() == q.scalar_type() &&
+              lse.sizes() == at::IntArrayRef({q.size(0), q.size(1), q_ids.size(0), q_ids.size(1)}),
+              "block_attention kernel: lse must be contiguous [B, c, n, S] in q's dtype; got ", lse.sizes());
+  if (rows.numel() == 0) {
+    TORCH_CHECK(slots <= grad.size(2), "block_attention kernel: grad has ", grad.size(2), " rows, fewer than the ",
+                slots, " block slots (pass rows)");
+    return;
   }
-  TORCH_CHECK(q_ids.scalar_type() == at::kLong && k_ids.scalar_type() == at::kLong && q_ids.is_contiguous() &&
-              k_ids.is_contiguous() && k_ids.dim() == 3, "block_attention kernel: ids must be contiguous int64");
-  TORCH_CHECK(keep.scalar_type() == at::kByte && keep.is_contiguous() && keep.dim() == 4,
-              "block_attention kernel: keep must be contiguous uint8 [c or 1, n, Kp, Sp]");
+  check_ids(rows, "rows", 1, grad.size(2), -1);
+  TORCH_CHECK(rows.numel() == slots, "block_attention kernel: rows must have n * S = ", slots, " entries; got ",
+              rows.numel());
 }
 
 }  // namespace
@@ -243,7 +287,7 @@ void check_inputs(const std::vector<at::Tensor>& rows, const at::Tensor& q_ids, 
 std::vector<at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& kg, const at::Tensor& vg, const at::Tensor& q_ids,
                                       const at::Tensor& k_ids, const at::Tensor& keep, double scale) {
-  check_inputs({q, k, v, kg, vg}, q_ids, k_ids, keep);
+  check_inputs(q, k, v, kg, vg, q_ids, k_ids, keep);
   auto out = at::empty({q.size(0), q.size(1), q_ids.size(0), q_ids.size(1), q.size(3)}, q.options());
   auto lse = at::empty({q.size(0), q.size(1), q_ids.size(0), q_ids.size(1)}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "block_forward", [&] {
@@ -258,11 +302,8 @@ std::vector<at::Tensor> block_backward(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& kg, const at::Tensor& vg, const at::Tensor& q_ids,
                                        const at::Tensor& k_ids, const at::Tensor& keep, double scale,
                                        const at::Tensor& lse, const at::Tensor& grad, const at::Tensor& rows) {
-  check_inputs({q, k, v, kg, vg, grad}, q_ids, k_ids, keep);
-  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == q.scalar_type(), "block_attention kernel: lse must be "
-              "contiguous, in q's dtype");
-  TORCH_CHECK(rows.numel() == 0 || (rows.scalar_type() == at::kLong && rows.is_contiguous() &&
-              rows.numel() == q_ids.numel()), "block_attention kernel: rows must be empty or int64 [n * S]");
+  check_inputs(q, k, v, kg, vg, q_ids, k_ids, keep);
+  check_backward(q, q_ids, lse, grad, rows);
   auto dq = at::zeros(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options());
   auto dv = at::zeros(v.sizes(), v.options()), dkg = at::zeros(kg.sizes(), kg.options());
   auto dvg = at::zeros(vg.sizes(), vg.options());

@@ -138,7 +138,7 @@ template <typename T> void exp_rows(const Dims& s, T* phi, int64_t n, const T* s
     const vec<T> sh = splat<T>(shift[t]);
     for (int64_t r = 0; r < s.mp; r += W) {
       const vec<T> x = load<T>(row + r) - sh;
-      store<T>(row + r, exp2v(x < 0 ? x : vec<T>{}));
+      store<T>(row + r, exp2v(x > 0 ? vec<T>{} : x));  // NaN stays NaN: a NaN exponent is never weight 1
     }
     std::fill(row + s.m, row + s.mp, T(0));
   }
@@ -402,21 +402,30 @@ void backward_impl(const Call<T>& c, const at::Tensor& qkv, const at::Tensor& kv
   });
 }
 
+// Every argument is checked before any memory is read: a bad call is a Python RuntimeError naming the argument.
 void check(const at::Tensor& qkv, const at::Tensor& omega, const at::Tensor& scale, int64_t heads, bool fourier) {
-  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 3 && qkv.is_contiguous() && qkv.size(2) % (3 * heads) == 0,
-              "feature attention kernel: qkv must be a contiguous CPU tensor [B, N, 3 h d]");
+  TORCH_CHECK(heads > 0, "feature attention kernel: heads must be positive; got ", heads);
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 3 && qkv.is_contiguous() && qkv.size(2) % (3 * heads) == 0 &&
+              qkv.size(2) > 0, "feature attention kernel: qkv must be a contiguous CPU tensor [B, N, 3 h d]; got ",
+              qkv.sizes());
+  TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kDouble,
+              "feature attention kernel: qkv must be float32 or float64; got ", qkv.scalar_type());
   const int64_t d = qkv.size(2) / 3 / heads;
-  TORCH_CHECK(omega.is_contiguous() && omega.scalar_type() == qkv.scalar_type() && omega.size(-1) == d &&
+  TORCH_CHECK(omega.device().is_cpu() && omega.is_contiguous() && omega.scalar_type() == qkv.scalar_type() &&
+              omega.dim() >= 2 && omega.size(-1) == d && omega.size(-2) > 0 &&
               (fourier ? omega.dim() == 3 && omega.size(0) == heads : omega.dim() == 2),
-              "feature attention kernel: omega must be contiguous, in qkv's dtype, [m, d] (exp) or [h, D, d] ",
-              "(fourier)");
-  TORCH_CHECK(!fourier || (scale.is_contiguous() && scale.scalar_type() == qkv.scalar_type() &&
-              scale.numel() == heads * d), "feature attention kernel: the fourier scale must be contiguous [h, 1, d]");
+              "feature attention kernel: omega must be contiguous, in qkv's dtype, [m, d=", d, "] (exp) or [h=", heads,
+              ", D, d=", d, "] (fourier); got ", omega.sizes());
+  TORCH_CHECK(!fourier || (scale.device().is_cpu() && scale.is_contiguous() &&
+              scale.scalar_type() == qkv.scalar_type() && scale.numel() == heads * d),
+              "feature attention kernel: the fourier scale must be contiguous [h, 1, d] in qkv's dtype; got ",
+              scale.sizes());
 }
 
-void check_state(const at::Tensor& t, const at::Tensor& qkv) {
-  TORCH_CHECK(t.is_contiguous() && t.scalar_type() == qkv.scalar_type(), "feature attention kernel: saved tensors ",
-              "and gradients must be contiguous, in qkv's dtype");
+void check_state(const at::Tensor& t, const char* name, const at::Tensor& qkv, at::IntArrayRef shape) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == qkv.scalar_type(),
+              "feature attention kernel: ", name, " must be contiguous, in qkv's dtype");
+  TORCH_CHECK(t.sizes() == shape, "feature attention kernel: ", name, " must be ", shape, "; got ", t.sizes());
 }
 
 }  // namespace
@@ -448,8 +457,15 @@ std::vector<at::Tensor> feature_backward(const at::Tensor& qkv, const at::Tensor
                                          const at::Tensor& shift_q, const at::Tensor& shift_k, const at::Tensor& den,
                                          const at::Tensor& grad, const at::Tensor& dots) {
   check(qkv, omega, scale, heads, fourier);
-  for (const auto& t : {kvz, shift_q, shift_k, den, grad}) check_state(t, qkv);
-  if (dots.numel()) check_state(dots, qkv);
+  const int64_t B = qkv.size(0), N = qkv.size(1), d = qkv.size(2) / 3 / heads;
+  const int64_t m = omega.size(-2) * (fourier ? 2 : 1);
+  const std::vector<int64_t> rows{B, heads, N, 1}, none{0};
+  check_state(kvz, "kvz", qkv, {B, heads, m, d + 1});
+  check_state(shift_q, "shift_q", qkv, fourier ? none : rows);
+  check_state(shift_k, "shift_k", qkv, fourier ? none : rows);
+  check_state(den, "den", qkv, rows);
+  check_state(grad, "grad", qkv, {B, N, heads * d});
+  if (dots.numel()) check_state(dots, "dots", qkv, rows);
   auto grad_qkv = at::empty(qkv.sizes(), qkv.options());
   auto grad_scale = at::empty(fourier ? std::vector<int64_t>{qkv.size(0), heads, qkv.size(2) / 3 / heads}
                                       : std::vector<int64_t>{0}, qkv.options());

@@ -79,8 +79,8 @@ void gemm(int64_t M, int64_t N, int64_t R, const T* A, int64_t sam, int64_t saj,
   }
 }
 
-// 2^x for x <= 0. float: a degree-6 polynomial after rounding to an integer power (relative error < 2e-7,
-// flushed to 2^-126 below it); double: std::exp2.
+// 2^x for x <= 0, NaN for NaN. float: a degree-6 polynomial after rounding to an integer power (relative error
+// < 2e-7, flushed to 2^-126 below it); double: std::exp2.
 inline vec<float> exp2v(vec<float> x) {
   typedef int32_t ivec __attribute__((vector_size(32)));
   x = x < -126.0f ? splat<float>(-126.0f) : x;
@@ -90,7 +90,7 @@ inline vec<float> exp2v(vec<float> x) {
   const ivec bits = (k + 127) << 23;  // 2^k as a float
   vec<float> two_k;
   std::memcpy(&two_k, &bits, sizeof(two_k));
-  return p * two_k;
+  return x == x ? p * two_k : x;  // NaN lanes: x itself (the integer conversion of NaN is not defined)
 }
 inline vec<double> exp2v(vec<double> x) {
   for (int i = 0; i < 4; ++i) x[i] = std::exp2(x[i]);
