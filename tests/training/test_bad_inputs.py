@@ -325,7 +325,7 @@ def cli(*args):
     return call
 
 
-CHOICES = r"choose attention= one of: bigbird, .*, window$"
+CHOICES = r"choose attention= one of: afno, .*, xca$"
 BAD_INPUTS = {  # name: (call(tmp_path[, monkeypatch]), expected one-line message)
     "attention=bogus (command line)": (cli("attention=bogus"), r"^unknown attention 'bogus'; " + CHOICES),
     "model=bogus (command line, sweep)": (

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import compose_cfg
+from helpers import compose_cfg
 from torch import nn
 
 from vitzoo.training import VitModule, train

@@ -59,8 +59,13 @@ def sdpa_flops(batch: int, heads: int, nq: int, nk: int, d: int, dv: Optional[in
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0) -> Tensor:
-    """``F.scaled_dot_product_attention`` (fused kernels); vitzoo's fvcore handle counts it."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    """``F.scaled_dot_product_attention`` (fused kernels); vitzoo's fvcore handle counts it.
+
+    Some CPU kernels turn a NaN query into finite weights; as ``softmax(QKᵀ)V`` defines, a query with a
+    non-finite entry gives a non-finite output row here (the added term is 0 for finite queries).
+    """
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    return out + q.sum(dim=-1, keepdim=True) * 0
 
 
 CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized

@@ -76,6 +76,8 @@ def check_fresh_folder(out_dir: Path, status: Optional[str]) -> None:
         out_dir: the run folder.
         status: the previous ``results.json`` status (None if there is none).
     """
+    if rank_zero_only.rank != 0:  # the other processes of a launched job (DDP) find rank 0's fresh results.json
+        return
     has_ckpts = bool(checkpoints_newest_first(out_dir))
     if status in ("finished", "interrupted", "running") or has_ckpts:
         held = f"results.json says {status}" if status else "it holds checkpoints"

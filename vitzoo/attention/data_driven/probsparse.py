@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_positive
+from vitzoo.attention.functional import sdpa
 
 HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the sample index (odd, spread over N)
 
@@ -77,8 +77,9 @@ class ProbSparseAttention(QKVAttention):
         top = measure.topk(sample_count(self.cfg.factor, N), dim=-1).indices  # [B, h, u]
         rows = top[..., None].expand(-1, -1, -1, d)  # [B, h, u, d]
         drop = self.attn_drop.p if self.training else 0.0
-        active = F.scaled_dot_product_attention(q.gather(2, rows), k, v, dropout_p=drop)  # [B, h, u, d]: 2·u·N·d
-        out = v.mean(dim=2, keepdim=True).expand(B, h, N, d)  # lazy queries: mean of V
+        active = sdpa(q.gather(2, rows), k, v, dropout_p=drop)  # [B, h, u, d]: 2·u·N·d
+        # lazy queries: mean of V (a non-finite measurement, e.g. from a NaN query, stays non-finite)
+        out = (v.mean(dim=2, keepdim=True) + measure[..., None] * 0).expand(B, h, N, d)
         return out.scatter(2, rows, active)  # [B, h, N, d]
 
     def attend_flops(self, grid: Grid) -> int:
@@ -99,7 +100,7 @@ class ProbSparseAttention(QKVAttention):
                 picked = scores.gather(1, cols.to(q.device))  # [N, U]
                 measure = picked.max(dim=1).values - picked.sum(dim=1) / N
                 active = torch.argsort(measure, descending=True)[:U]
-                out[b, j] = v[b, j].mean(dim=0)
+                out[b, j] = v[b, j].mean(dim=0) + measure[:, None] * 0
                 w = (scores[active] * self.scale).softmax(dim=-1)
                 out[b, j, active] = w @ v[b, j]
         return out

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
+from vitzoo.attention.functional import sdpa
 
 
 @dataclass
@@ -50,16 +50,16 @@ class AxialAttention(QKVAttention):
 
         k_row = torch.cat([prefix_per_row(k), rows(k)], dim=2)  # [B, h·H, P + W, d]
         v_row = torch.cat([prefix_per_row(v), rows(v)], dim=2)
-        o = F.scaled_dot_product_attention(rows(q), k_row, v_row, dropout_p=drop)  # [B, h·H, W, d]: 2W(P+W)d
+        o = sdpa(rows(q), k_row, v_row, dropout_p=drop)  # [B, h·H, W, d]: 2W(P+W)d
 
         def cols(t: Tensor) -> Tensor:
             return t.reshape(B, h, H, W, d).transpose(2, 3).reshape(B, h * W, H, d)  # [B, h·W, H, d]
 
-        o = F.scaled_dot_product_attention(cols(rows(q)), cols(rows(k)), cols(o), dropout_p=drop)  # 2H·H·d
+        o = sdpa(cols(rows(q)), cols(rows(k)), cols(o), dropout_p=drop)  # 2H·H·d
         o = o.reshape(B, h, W, H, d).transpose(2, 3).reshape(B, h, H * W, d)  # [B, h, HW, d]
         if not P:
             return o
-        o_prefix = F.scaled_dot_product_attention(q[:, :, :P], k, v, dropout_p=drop)  # [B, h, P, d]: 2PNd
+        o_prefix = sdpa(q[:, :, :P], k, v, dropout_p=drop)  # [B, h, P, d]: 2PNd
         return torch.cat([o_prefix, o], dim=2)  # [B, h, N, d]
 
     def attend_flops(self, grid: Grid) -> int:
@@ -93,5 +93,5 @@ def _masked_softmax_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, 
     """``softmax(QKᵀ·scale, where allowed)V`` with explicit exponentials; rows with no allowed key give 0."""
     s = torch.einsum("bhid,bhjd->bhij", q, k) * scale
     s = s.masked_fill(~allowed, float("-inf"))
-    e = (s - s.amax(dim=-1, keepdim=True).clamp(min=-1e300)).exp()
-    return torch.einsum("bhij,bhjd->bhid", e / e.sum(dim=-1, keepdim=True).clamp(min=1e-300), v)
+    e = (s - s.amax(dim=-1, keepdim=True).clamp(min=torch.finfo(s.dtype).min)).exp()
+    return torch.einsum("bhij,bhjd->bhid", e / e.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny), v)
