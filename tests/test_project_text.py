@@ -106,6 +106,11 @@ def test_readme_speed_column_quotes_the_layer_table():
     for name, cells in backends.items():
         if "not measured" in cells:
             continue
+        redefined = next((cell for cell in cells if cell.endswith("(see results.md)")), None)
+        if redefined:  # timed in results.md's "The redefined backends" table
+            ratio = redefined.split("×")[0]
+            assert appears(ratio, section(RESULTS, "One attention layer at 4,096 tokens")), f"{name}: {ratio}×"
+            continue
         speed = next((cell for cell in cells if SPEED.match(cell)), None)
         assert speed, f"README row {name!r} has neither an 'N ms, R×' speed cell nor 'not measured'"
         measured += 1
