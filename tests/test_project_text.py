@@ -35,7 +35,7 @@ HISTORY = re.compile(
     rf"\b(?:{ORDINALS}|[0-9]+(?:st|nd|rd|th)) stop\b|\bstop-[0-9]+|\bsitting\b|\blease\b|\boutage\b"
     r"|\bissue [0-9]+|\bthis (?:session|task)\b|\bnumbered attempts?\b|\bre-measured\b"
     r"|\bbefore the layout change\b|\btoday\b|\bs[12][0-9]_[a-z]"
-    r"|/work/|/home/[a-z]|/Users/[A-Za-z]",
+    r"|/wor[k]/|/home/[a-z]|/Users/[A-Za-z]",  # [k]: this pattern does not match itself
     re.IGNORECASE,
 )
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".cpp", ".h", ".txt", ".cfg"}
