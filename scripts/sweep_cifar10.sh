@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 RECORDS="${1:-results/cifar10}"
 BACKENDS="${2:-glob(*)}"
 read -r -a EXTRA <<< "${SWEEP_ARGS:-}"
-SWEEP="multirun/zoo_cifar10/$(date +%Y-%m-%d_%H-%M-%S)"  # checkpoints and logs (git-ignored)
+# checkpoints and logs (git-ignored); a fixed folder, so that a job stopped half-way resumes from its last.ckpt
+# when the script runs again with the same backend list
+SWEEP="${SWEEP_DIR:-multirun/zoo_cifar10/plan}"
 run() {  # run <name> <overrides...>: one multirun into its own sweep folder
     local name="$1"; shift
     python train.py -m experiment=zoo_cifar10 hydra.sweep.dir="$SWEEP/$name" "${EXTRA[@]}" "$@"
