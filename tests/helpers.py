@@ -1,5 +1,6 @@
 """Builders shared by the tests: composed Hydra configs, a folder of images in ImageNet layout, the
-``train.py`` / ``eval.py`` subprocess runner and the loader of ``scripts/`` and ``tools/`` files."""
+``train.py`` / ``eval.py`` subprocess runner, the loader of ``scripts/`` and ``tools/`` files, and the
+perturbation probe of the attention-pattern oracles (which input token moves which output, per head)."""
 from __future__ import annotations
 
 import csv
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import torch
 from hydra import compose, initialize_config_dir
 
 from vitzoo.configs import CONFIG_DIR
@@ -98,3 +100,45 @@ def image_folder(root: Path, classes=("cat", "dog"), per_class: int = 4, size: i
                 image = Image.new("RGB", (size, size), (colour_steps[0] * c, colour_steps[1] * i, 100))
             image.save(base / name / f"{i}.png")
     return root
+
+
+def heads_apart(attn: torch.nn.Module) -> torch.nn.Module:
+    """``attn`` with its output projection set to the identity, so that output channels ``h·d .. (h+1)·d`` are head
+    ``h``'s attention output (a mixer with ``proj`` after merging ``[B, h, N, d]`` head-major); returns ``attn``."""
+    with torch.no_grad():
+        attn.proj.weight.copy_(torch.eye(attn.proj.weight.shape[0], dtype=attn.proj.weight.dtype))
+        attn.proj.bias.zero_()
+    return attn
+
+
+def reached_keys(fn, x: torch.Tensor, heads: int = 1, tol: float = 1e-12) -> torch.Tensor:
+    """Which input tokens move which outputs, found by perturbing one input token at a time.
+
+    Args:
+        fn: ``x[B, N, C] -> [B, N, C_out]``, each image on its own (a mixer at a fixed grid); run without gradients.
+        x: one input ``[1, N, C]``.
+        heads: the output channels are cut into this many equal slices, checked apart (one per head after
+            :func:`heads_apart`); 1: the whole output.
+        tol: a larger change of an output counts as moved (float64 inputs: far above rounding).
+
+    Returns:
+        Booleans ``[heads, N, N]``, (slice, query, key): perturbing token ``key`` changes output ``query`` there.
+    """
+    N, C = x.shape[1:]
+    batch = x.repeat(N + 1, 1, 1)  # image 0: x itself; image 1 + j: token j perturbed
+    token = torch.arange(N)
+    batch[1 + token, token] += torch.randn(N, C, dtype=x.dtype, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = fn(batch)
+    change = (out[1:] - out[:1]).abs().unflatten(-1, (heads, -1)).amax(-1)  # [key, query, heads]
+    return change.permute(2, 1, 0) > tol
+
+
+def pattern_mismatch(reached: torch.Tensor, allowed: torch.Tensor) -> str:
+    """Empty when ``reached == allowed`` (booleans of one shape); otherwise the first pairs of each kind that differ:
+    allowed but not reached (the key does not move the output), reached but not allowed (a leak)."""
+    missing, extra = (allowed & ~reached).nonzero().tolist(), (reached & ~allowed).nonzero().tolist()
+    if not missing and not extra:
+        return ""
+    return (f"{len(missing)} allowed pairs do not move the output (first {missing[:4]}), "
+            f"{len(extra)} other pairs do (first {extra[:4]})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import make_attention
+from helpers import reached_keys
 
 PREFIX = 1
 
@@ -32,14 +33,9 @@ def global_blocks(count: int, n_global: int) -> set[int]:
 
 
 def reached(attn, grid) -> torch.Tensor:
-    """``[L, P + L]``: which input tokens move each grid query's output."""
-    x = torch.randn(1, PREFIX + grid[0] * grid[1], 32, dtype=torch.float64, requires_grad=True)
-    out = attn(x, grid)
-    rows = []
-    for i in range(grid[0] * grid[1]):
-        (grad,) = torch.autograd.grad(out[0, PREFIX + i].sum(), x, retain_graph=True)
-        rows.append(grad[0].abs().sum(-1) > 0)
-    return torch.stack(rows)
+    """``[L, P + L]``: which input tokens move each grid query's output (one token perturbed at a time)."""
+    x = torch.randn(1, PREFIX + grid[0] * grid[1], 32, dtype=torch.float64)
+    return reached_keys(lambda batch: attn(batch, grid), x)[0, PREFIX:]
 
 
 @pytest.mark.parametrize("grid,b,n_global,r", [((8, 10), 2, 1, 2), ((8, 10), 2, 2, 1), ((9, 12), 3, 2, 2)])
