@@ -43,8 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--x", choices=["train", "infer"], default="train", help="throughput on the x axis")
     p.add_argument("--sweep-command", metavar="EXPERIMENT", nargs="?", const="zoo_digits", default=None,
                    help="print the multirun command for EXPERIMENT with every registered backend listed, and exit")
-    p.add_argument("--benchmark", default=None, help="records: the quiet benchmark's models.csv "
-                   "(default <folder>/benchmark/models.csv)")
+    p.add_argument("--benchmark", default=None, help="records: the quiet benchmark's models.csv, or a folder "
+                   "of them (default <folder>/benchmark: every models.csv under it)")
     p.add_argument("--docs", default=None, help="records: Markdown file whose generated ranking block is replaced")
     p.add_argument("--top", type=int, default=None, help="records: print the K most accurate vit_cifar backends")
     p.add_argument("--exclude", default="", help="records, with --top: comma-separated backends to leave out")

@@ -71,14 +71,14 @@ def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar"):
     write_record(record_path(folder / f"{epochs}ep", model, attention, seed), rec)
 
 
-def _benchmark(path, rows):
+def _benchmark(path, rows, model="vit_cifar"):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, ["backend", "model", "img_size", "batch", "status", "train_img_s", "infer_img_s",
                                "train_peak_mb", "amp"])
         w.writeheader()
         for backend, train_s, mb in rows:
-            w.writerow(dict(backend=backend, model="vit_cifar", img_size=32, batch=128, status="ok",
+            w.writerow(dict(backend=backend, model=model, img_size=32, batch=128, status="ok",
                             train_img_s=train_s, infer_img_s=3 * train_s, train_peak_mb=mb, amp="bf16"))
 
 
@@ -101,6 +101,20 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     text = docs.read_text()
     assert "old" not in text and text.endswith("after\n") and "| global | vit_cifar | 3 | 61.00 |" in text
     assert top_backends(tmp_path / "3ep", 1, exclude=["global"]) == ["window"]
+
+
+def test_ranking_joins_every_benchmark_run_under_the_folder(tmp_path):
+    """One benchmark run per model (vit_cifar/models.csv, swin_cifar/models.csv): both are joined."""
+    _record(tmp_path, "global", 0, 0.60)
+    _record(tmp_path, "window", 0, 0.65, epochs=10, model="swin_cifar")
+    _benchmark(tmp_path / "benchmark" / "vit_cifar" / "models.csv", [("global", 100.0, 900)])
+    _benchmark(tmp_path / "benchmark" / "swin_cifar" / "models.csv", [("window", 200.0, 400)], model="swin_cifar")
+    res = rank_records(tmp_path)
+    rows = {(r["model"], r["attention"]): r for r in res["rows"]}
+    assert rows[("vit_cifar", "global")]["train_img_s"] == 100.0
+    assert rows[("swin_cifar", "window")]["train_img_s"] == 200.0
+    text = (tmp_path / "ranking.md").read_text()
+    assert "swin_cifar/models.csv" in text and "vit_cifar/models.csv" in text
 
 
 def test_ranking_of_an_empty_folder_is_one_line(tmp_path):

@@ -88,6 +88,13 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["epochs"] or 0, -r["top1"], r["attention"]))
 
 
+def benchmark_files(path: Path) -> list[Path]:
+    """``path`` itself when it is a file, else every ``models.csv`` under it (sorted; a later file's row wins)."""
+    if path.is_file():
+        return [path]
+    return sorted(path.rglob("models.csv")) if path.is_dir() else []
+
+
 def join_benchmark(rows: list[dict[str, Any]], bench: Mapping[tuple[str, str, int], Mapping[str, Any]]) -> None:
     """Add the benchmark's images/s and peak memory to each row (None where it has no matching row)."""
     for r in rows:
@@ -171,7 +178,8 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
 
     Args:
         folder: record folder (e.g. ``results/cifar10``).
-        benchmark: the quiet benchmark's ``models.csv`` (default ``<folder>/benchmark/models.csv`` if present).
+        benchmark: the quiet benchmark's ``models.csv``, or a folder holding one or more (one per benchmark run,
+            e.g. ``vit_cifar/models.csv``); default ``<folder>/benchmark``.
         out: where the tables and charts go (default ``folder``).
         docs: a Markdown file whose generated block receives the tables and chart links.
     """
@@ -179,8 +187,11 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
     rows = aggregate(read_records(folder))
     if not rows:
         raise ConfigError(f"{folder}: no result records (seed*.json) found")
-    bench_path = Path(benchmark) if benchmark else folder / "benchmark" / "models.csv"
-    join_benchmark(rows, read_benchmark(bench_path) if bench_path.is_file() else {})
+    bench_files = benchmark_files(Path(benchmark) if benchmark else folder / "benchmark")
+    bench: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for path in bench_files:
+        bench.update(read_benchmark(path))
+    join_benchmark(rows, bench)
     out = Path(out) if out else folder
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, COLUMNS + ["img_size", "val_images", "images_seen", "wall_s", "cpu"], out / "ranking.csv")
@@ -195,8 +206,9 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
         parts.append(f"**{_budget_name(epochs)}** ({len(sub)} runs, "
                      f"{sum(r['wall_s'] for r in sub) / 3600:.1f} CPU hours of training)\n\n{_fmt(sub)}\n\n"
                      f"![accuracy vs throughput, {_budget_name(epochs)}]({png.name})")
+    sources = ", ".join(f"`{p}`" for p in bench_files) or "the quiet benchmark (not measured yet)"
     text = (f"Records: `{folder}` ({', '.join(cpus)}). Accuracy from the records; images/s and peak memory from "
-            f"`{bench_path}`" + ("" if bench_path.is_file() else " (not measured yet)") + ".\n\n" + "\n\n".join(parts))
+            f"{sources}.\n\n" + "\n\n".join(parts))
     (out / "ranking.md").write_text(text + "\n")
     if docs:
         rel = Path(docs).resolve().parent
