@@ -14,6 +14,7 @@ from conftest import CIFAR_ROOT, CONFIGS
 from helpers import compose_cfg, run_entry
 
 import vitzoo
+from vitzoo.flops import count_flops
 from vitzoo.layers.block import Block
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, fit, train
@@ -116,7 +117,10 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     )
     assert report["val_acc"] == pytest.approx(on_disk["best_val_acc"], abs=1e-6)  # same weights, same 32 images
     assert report["val_loss"] == pytest.approx(on_disk["val_loss"], rel=1e-5)
-    assert report["params"] == on_disk["params"] and report["gmacs"] == pytest.approx(on_disk["gmacs"])
+    assert report["params"] == on_disk["params"]
+    assert report["gmacs"] == pytest.approx(count_flops(reloaded.net).measured / 1e9)  # the evaluated weights' count
+    if attention != "routing":  # routing's span S follows the data, so its count moves with the weights
+        assert report["gmacs"] == pytest.approx(on_disk["gmacs"])
     written = json.loads(Path(report["report_path"]).read_text())
     assert Path(report["report_path"]).name == os.path.basename(on_disk["best_ckpt"])[:-5] + ".digits.eval.json"
     assert written["val_acc5"] == report["val_acc5"] and written["infer_images_per_s"] > 0

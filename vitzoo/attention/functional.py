@@ -1,9 +1,12 @@
 """Helpers shared across the attention families: the dense softmax reference, the SDPA call and its cost,
-token resampling for fixed-length mixers, and (image, head) chunking of the CPU cores.
+token resampling for fixed-length mixers, (image, head) chunking of the CPU cores, and whether sizes that
+follow the data may be read from it (:func:`fixed_sizes`).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -12,6 +15,26 @@ from torch import Tensor
 
 from vitzoo.attention.base import Grid
 from vitzoo.cpu_kernels import tracing
+
+_COUNTING = [False]  # inside counting_trace()
+
+
+@contextmanager
+def counting_trace() -> Iterator[None]:
+    """Marks the traces taken inside as FLOP counts of this one forward (fvcore's ``torch.jit`` trace): a backend
+    then reads its data-dependent sizes from the data as in eager mode (:func:`fixed_sizes` is False there)."""
+    before, _COUNTING[0] = _COUNTING[0], True
+    try:
+        yield
+    finally:
+        _COUNTING[0] = before
+
+
+def fixed_sizes() -> bool:
+    """Whether sizes that follow the data must be fixed: under ``torch.compile``/``torch.export``, ONNX export or
+    a ``torch.jit`` trace that may run on other data (:func:`vitzoo.cpu_kernels.tracing`), but not inside
+    :func:`counting_trace`."""
+    return tracing() and not _COUNTING[0]
 
 
 def resample_tokens(t: Tensor, src: Grid, dst: Grid, num_prefix: int, dim: int) -> Tensor:

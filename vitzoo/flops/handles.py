@@ -227,11 +227,16 @@ def all_handles() -> dict[str, Any]:
 
 
 class FlopAnalysis(FlopCountAnalysis):
-    """fvcore's analysis that raises :class:`UnsupportedOpError` for an unhandled matrix op."""
+    """fvcore's analysis that raises :class:`UnsupportedOpError` for an unhandled matrix op. Its trace counts the
+    forward on these inputs: sizes that follow the data (a data-dependent key span) are read from them, as in eager mode
+    (:func:`vitzoo.attention.functional.counting_trace`)."""
 
     def _analyze(self):
+        from vitzoo.attention.functional import counting_trace
+
         fresh = self._stats is None
-        stats = super()._analyze()
+        with counting_trace():  # this forward's cost: sizes that follow the data are read from it
+            stats = super()._analyze()
         if fresh:
             _check_supported(stats.unsupported_ops, self._model)
         return stats

@@ -44,10 +44,10 @@ class _Call(torch.nn.Module):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_never_builds_a_token_by_token_matrix(name):
-    """At 32x32 + class token no intermediate (forward or backward) has two axes >= N/2 (routing: with
-    ``assignment: balanced``; the paper's nearest-centroid routing heads mask one M×M score matrix)."""
+    """At 32x32 + class token no intermediate (forward or backward) has two axes >= N/2 (routing: the paper's
+    nearest-centroid heads, through cluster-sorted blocks)."""
     grid, n = (32, 32), 1025
-    attn = make_attention(name, grid, 1, **({"assignment": "balanced"} if name == "routing" else {}))
+    attn = make_attention(name, grid, 1)
     x = torch.randn(1, n, 32, requires_grad=True)
     with RecordShapes() as rec:
         attn(x, grid).sum().backward()

@@ -5,9 +5,10 @@ Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
 
 * Heads: the first ``local_heads`` heads are local, the others route (the paper pairs routing
   heads with local heads, so that every token attends to its neighbourhood whatever the routing).
-* Pieces: every head cuts the M grid tokens into K pieces of w = ⌈M/K⌉ tokens, as token indices
-  ``[B, h, K, w]`` of its queries and of its keys. Queries of a piece attend densely to the keys of
-  that piece; all heads and pieces run in one gather and one batched matmul ([B, h, K, w, w] scores).
+* Pieces (local heads; every head with ``assignment: balanced``): a head cuts the M grid tokens into K pieces
+  of w = ⌈M/K⌉ tokens, as token indices ``[B, h, K, w]`` of its queries and of its keys. Queries of a piece
+  attend densely to the keys of that piece; all such heads and pieces run in one gather and one batched
+  matmul ([B, h, K, w, w] scores). The cluster size w also sets the routing heads' blocks (below).
 * Local heads: piece j is the window of w consecutive grid tokens (raster order) starting at
   ``⌊j·(M - w)/(K - 1)⌋``: the first starts at token 0 and the last ends at token M - 1. As K·w >= M
   the windows cover every token; they are disjoint when K divides M and otherwise overlap by
@@ -17,8 +18,22 @@ Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
   query and key goes to its nearest centroid, and a query attends to the keys of its own cluster (Eq. 7 of
   the paper: ``X'_i = Σ_{j: K_j ∈ μ(Q_i)} A_ij V_j``) and to the prefix keys. No token is left out; a query
   whose cluster holds no key attends to its own key as well (the one deliberate addition: no empty row).
-  Clusters have any size, so the routing heads run one SDPA call over the M grid keys masked to the query's
-  cluster: exact, 2M(M + P)·C_r (quadratic in M; the paper's O(M^1.5) assumes balanced clusters).
+* Cluster-sorted blocks (how the routing heads run): per image and routing head the queries and the keys are
+  sorted by cluster (ties in token order). The sorted queries are cut into nb = ⌈M/w⌉ blocks of w slots (the
+  last block repeats the last sorted query; that copy counts 0). The keys of a block's clusters are one run of
+  the sorted keys, [lo, hi): from the first key of its smallest cluster to the last key of its largest. Each
+  block gathers the S·w sorted keys from lo, S = ⌈max(hi - lo)/w⌉ over the batch, heads and blocks (the span),
+  scores them (``[B, h_r, nb, w, S·w]``) with a large finite negative bias on keys of another cluster and past
+  hi (a row whose cluster holds no key then gets a negligible log-normaliser), and merges by logsumexp with
+  the prefix part and the own-key part (``q_i·k_i``, counted only where the cluster holds no key). Exact
+  whatever the clusters' sizes. Balanced clusters (w keys each) give S <= 2 (a block of w sorted queries spans
+  at most two clusters), so O(M^1.5) like the paper; one cluster holding most keys gives S -> nb: quadratic.
+* The span: in eager mode S is read from the data (one host sync per forward; a FLOP count's trace does the
+  same). Under ``torch.compile``/``torch.export``, ONNX export and ``torch.jit`` traces
+  (:func:`~vitzoo.attention.functional.fixed_sizes`) S = nb: every block scores every key, exact with fixed
+  shapes and no host sync, at the cost of dense attention (2M²C_r for M a multiple of w). :meth:`flops` and
+  :meth:`symbols` use the S of the last eager or traced forward at that grid (``spans``, not saved; a compiled
+  graph records none, its S is nb), min(2, nb) before any.
 * ``assignment: balanced``, an option: each centroid takes its top-w queries and its top-w keys (clusters of
   exactly w, O(M^1.5)), as the paper's released code does; a token picked by no centroid attends only to
   the prefix keys in that head (or gets 0 there without any), and a token in several clusters merges them.
@@ -31,10 +46,10 @@ Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
   the autocast dtype and summed over data-parallel ranks when ``torch.distributed`` is
   initialised, so every replica takes the same step.
 * Cost: the centroid scores are 2MK·C_r (C_r = h_r·d channels of the routing heads), the local heads'
-  windows 2Kw²C_l ≈ 2MwC_l (O(M^1.5) with the default K = ⌈√M⌉) and the routing heads 2M(M + P)C_r
-  (``balanced``: 2Kw²C_r), so ``linear_cost`` is False.
-* Padding: nothing is padded. Windows and clusters hold w real tokens each, K·w >= M always;
-  ``pad: false`` instead requires K to divide M exactly.
+  windows 2Kw²C_l ≈ 2MwC_l (O(M^1.5) with the default K = ⌈√M⌉), the routing heads' blocks
+  2⌈M/w⌉w·Sw·C_r and own-key scores MC_r (``balanced``: 2Kw²C_r), so ``linear_cost`` is False.
+* Padding: no token is padded. Windows and clusters hold w real tokens each, K·w >= M always (the routing
+  heads' last block repeats a real query); ``pad: false`` instead requires K to divide M exactly.
 * Prefix tokens (class token): every grid query also attends to the P prefix keys (merged by
   logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
 """
@@ -56,12 +71,13 @@ from vitzoo.attention.data_driven.bucket import (
     attend_pieces_flops,
     auto_size,
     check_auto_size,
+    combine_parts,
     dense_parts,
     gather_tokens,
     prefix_part,
     scatter_combine,
 )
-from vitzoo.attention.functional import dense_attention, sdpa
+from vitzoo.attention.functional import dense_attention, fixed_sizes
 
 
 def all_ranks_sum(t: Tensor) -> Tensor:
@@ -131,16 +147,16 @@ class RoutingConfig:
 
 @register_attention("routing", RoutingConfig)
 class RoutingAttention(BucketAttention):
-    """Attention within fixed windows (local heads) and balanced k-means clusters (routing heads).
+    """Attention within fixed windows (local heads) and online k-means clusters (routing heads).
 
-    Its cost is :attr:`formula` (C_r: channels of the routing heads).
+    Its cost is :attr:`formula` (C_r, C_l: channels of the routing and of the local heads; S: the span).
 
     Args:
         cfg: :class:`RoutingConfig`.
         ctx: the host's context (``layer_index`` seeds the centroids).
     """
 
-    formula = "4NC² + 2MK·C_r + 2Kw²C_l + 2M(M + P)C_r + 2PMC_l + 2PNC"
+    formula = "4NC² + 2MK·C_r + 2Kw²C_l + 2⌈M/w⌉w·Sw·C_r + MC_r + 2PMC + 2PNC"
 
     def __init__(self, cfg: RoutingConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -152,6 +168,7 @@ class RoutingAttention(BucketAttention):
         g = torch.Generator().manual_seed(ctx.layer_index)
         shape = (self.num_heads - self.local_heads, self.num_clusters, self.head_dim)
         self.register_buffer("centroids", F.normalize(torch.randn(*shape, generator=g), dim=-1))  # [h_r, K, d] unit
+        self.spans: dict[Grid, int] = {}  # grid -> the routing heads' span S of the last forward there
 
     def cluster_size(self, grid: Grid) -> int:
         """Tokens w per piece at ``grid`` (ConfigError when K is out of range or does not divide with pad off)."""
@@ -229,21 +246,55 @@ class RoutingAttention(BucketAttention):
             self.update_centroids(x, aff)
         return aff.argmax(dim=-1).chunk(2, dim=-1)  # [B, h_r, M] each (NaN scores pick a cluster, stay NaN)
 
-    def routed(self, q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, update: bool) -> Tensor:
-        """Routing heads: each grid query attends to the grid keys of its cluster and the prefix keys.
+    def routed(self, q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, w: int, grid: Grid,
+               update: bool) -> Tensor:
+        """Routing heads through cluster-sorted blocks (module docstring): each grid query attends to the grid keys
+        of its cluster (its own key where the cluster holds none) and to the prefix keys ``[B, h_r, M, d]``.
 
         Args:
             q, k, v: the routing heads' grid queries, keys, values ``[B, h_r, M, d]``.
             kp, vp: their prefix keys and values ``[B, h_r, P, d]``.
+            w: block size (the cluster size).
+            grid: the token grid (the span S is kept per grid for :meth:`attend_flops`).
             update: take an EMA k-means step (training).
         """
-        c_q, c_k = self.nearest(q, k, update)
-        m = q.shape[2]
-        same = c_q.unsqueeze(-1) == c_k.unsqueeze(-2)  # [B, h_r, M, M]
-        same = same | (~same.any(-1, keepdim=True) & torch.eye(m, dtype=torch.bool, device=q.device))
-        mask = torch.cat([same.new_ones(*same.shape[:-1], kp.shape[2]), same], -1)  # [B, h_r, M, P + M]
-        p_drop = self.attn_drop.p if self.training else 0.0
-        return sdpa(q, torch.cat([kp, k], 2), torch.cat([vp, v], 2), attn_mask=mask, dropout_p=p_drop)
+        c_q, c_k = self.nearest(q, k, update)  # [B, h_r, M] each
+        m, nb = q.shape[2], math.ceil(q.shape[2] / w)
+        tie = torch.arange(m, device=q.device)  # keys c·M + token are unique: a stable order (ONNX: no stable sort)
+        order_q, order_k = (c_q * m + tie).argsort(dim=-1), (c_k * m + tie).argsort(dim=-1)  # [B, h_r, M] each
+        counts = c_k.new_zeros(*c_k.shape[:2], self.num_clusters).scatter_add(2, c_k, torch.ones_like(c_k))
+        ends = counts.cumsum(-1)  # [B, h_r, K] keys per cluster (counts), past the last sorted key of each (ends)
+        slots = torch.arange(nb * w, device=q.device)  # [nb·w]: query slot -> sorted position (the last one repeated)
+        tok_q = order_q.gather(2, slots.clamp_max(m - 1).expand(*c_q.shape[:2], -1))  # [B, h_r, nb·w] token per slot
+        clu_q = c_q.gather(2, tok_q).unflatten(2, (nb, w))  # [B, h_r, nb, w] its cluster, ascending in a block
+        lo = (ends - counts).gather(2, clu_q[..., 0])  # [B, h_r, nb] first key of the block's smallest cluster
+        hi = ends.gather(2, clu_q[..., -1])  # [B, h_r, nb] past the last key of its largest
+        span = nb if fixed_sizes() else max(1, math.ceil(int((hi - lo).amax()) / w))  # one host sync
+        if not torch.compiler.is_compiling():  # a compiled graph keeps no Python state (no guard, no recompile)
+            self.spans[(int(grid[0]), int(grid[1]))] = span  # ints: a traced grid may hold 0-dim tensors
+        pos = lo.unsqueeze(-1) + torch.arange(span * w, device=q.device)  # [B, h_r, nb, S·w] sorted key positions
+        tok_k = order_k.gather(2, pos.clamp_max(m - 1).flatten(2))  # [B, h_r, nb·S·w] token per key slot
+        clu_k = c_k.gather(2, tok_k).unflatten(2, (nb, span * w))  # [B, h_r, nb, S·w] its cluster
+        allowed = (pos < hi.unsqueeze(-1)).unsqueeze(-2) & (clu_k.unsqueeze(-2) == clu_q.unsqueeze(-1))
+        bias = torch.where(allowed, q.new_zeros(()), q.new_full((), -torch.finfo(q.dtype).max / 16))  # [.., w, S·w]
+        kc, vc = gather_tokens(torch.cat([k, v], -1), tok_k.unflatten(2, (nb, -1))).chunk(2, -1)  # [B, h_r, nb, S·w, d]
+        tok_q = tok_q.unflatten(2, (nb, w))  # [B, h_r, nb, w]
+        out, lse = attend_pieces(gather_tokens(q, tok_q), kc, vc, self.scale, bias, self.attn_drop)  # [B, h_r, nb, w]
+        lse = lse.masked_fill((slots >= m).view(nb, w), float("-inf"))  # the repeated query slots count 0
+        own = ((q * self.scale).unsqueeze(-2) @ k.unsqueeze(-1)).flatten(2)  # [B, h_r, M, 1, 1] -> [B, h_r, M]
+        own = own.masked_fill(counts.gather(2, c_q) > 0, float("-inf"))  # only where the query's cluster has no key
+        extra = (v, own)
+        if self.num_prefix:
+            out_p, lse_p = prefix_part(q, kp, vp, self.scale, self.attn_drop)  # [B, h_r, M, d], [B, h_r, M]
+            lses = torch.stack([lse_p, own], 2)  # [B, h_r, 2, M]
+            extra = (combine_parts(torch.stack([out_p, v], 2), lses, 2), lses.logsumexp(2))
+        return scatter_combine(out, lse, tok_q, m, extra)  # [B, h_r, M, d]
+
+    def span(self, grid: Grid) -> int:
+        """Key blocks S per query block of the routing heads: that of the last forward at ``grid``, min(2, nb)
+        before any (balanced clusters)."""
+        m = grid[0] * grid[1]
+        return self.spans.get((int(grid[0]), int(grid[1])), min(2, math.ceil(m / self.cluster_size(grid))))
 
     def local(self, q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, w: int) -> Tensor:
         """Local heads: each grid query attends to its window(s) and the prefix keys ``[B, h_l, M, d]``.
@@ -267,7 +318,8 @@ class RoutingAttention(BucketAttention):
             return self.prefix_rows(qp, k, v, self.balanced(qg, kg, vg, kp, vp, w))
         parts = [self.local(qg[:, :hl], kg[:, :hl], vg[:, :hl], kp[:, :hl], vp[:, :hl], w)]
         if hl < self.num_heads:
-            parts.append(self.routed(qg[:, hl:], kg[:, hl:], vg[:, hl:], kp[:, hl:], vp[:, hl:], self.training))
+            parts.append(self.routed(qg[:, hl:], kg[:, hl:], vg[:, hl:], kp[:, hl:], vp[:, hl:], w, grid,
+                                     self.training))
         return self.prefix_rows(qp, k, v, torch.cat(parts, 1))  # [B, h, N, d]
 
     def balanced(self, qg: Tensor, kg: Tensor, vg: Tensor, kp: Tensor, vp: Tensor, w: int) -> Tensor:
@@ -321,8 +373,10 @@ class RoutingAttention(BucketAttention):
         flops = 2 * h_r * m * d * K + h * attend_pieces_flops(1, P, P + m, d)  # ... and the prefix queries
         if self.cfg.assignment == "balanced":  # every head: K pieces of w queries and w keys, plus prefix keys
             return flops + h * (attend_pieces_flops(K, w, w, d) + attend_pieces_flops(1, m, P, d))
-        flops += self.local_heads * (attend_pieces_flops(K, w, w, d) + attend_pieces_flops(1, m, P, d))
-        return flops + h_r * attend_pieces_flops(1, m, P + m, d)  # routing heads: one masked SDPA call
+        # local heads' windows; every head's grid queries against the prefix keys
+        flops += self.local_heads * attend_pieces_flops(K, w, w, d) + h * attend_pieces_flops(1, m, P, d)
+        # routing heads: nb blocks of w queries against S·w keys (q kᵀ and attn v), and q_i·k_i (d) per query
+        return flops + h_r * (attend_pieces_flops(math.ceil(m / w), w, self.span(grid) * w, d) + m * d)
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid
@@ -334,4 +388,5 @@ class RoutingAttention(BucketAttention):
             "C_l": self.local_heads * self.head_dim,
             "P": self.num_prefix,
             "M": grid[0] * grid[1],
+            "S": self.span(grid),
         }
