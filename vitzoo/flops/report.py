@@ -199,13 +199,18 @@ def attention_layers(model: nn.Module) -> Iterator[tuple[str, TokenMixer]]:
 
 
 def model_input(model: nn.Module, img_size: Optional[int] = None, in_chans: Optional[int] = None) -> Tensor:
-    """A zero image batch of 1 at ``img_size`` (a :class:`ConfigError` if the patch size does not divide it)."""
+    """A random image batch of 1 at ``img_size`` (a :class:`ConfigError` if the patch size does not divide it).
+
+    Random rather than zeros, from a fixed seed: the count of a data-dependent backend (``routing``'s span) is
+    then that of a varied input, not of one where every token is the same.
+    """
     cfg = model.cfg
     s = img_size or cfg.img_size
     if s % cfg.patch_size:
         raise ConfigError(f"img_size={s} is not a multiple of model.patch_size ({cfg.patch_size}); "
                           f"the patch embedding would silently crop the image")
-    return torch.zeros(1, in_chans or cfg.in_chans, s, s, device=next(model.parameters()).device)
+    x = torch.randn(1, in_chans or cfg.in_chans, s, s, generator=torch.Generator().manual_seed(0))
+    return x.to(next(model.parameters()).device)
 
 
 def count_flops(model: nn.Module, img_size: Optional[int] = None, in_chans: Optional[int] = None,
@@ -276,7 +281,7 @@ class MixerHost(nn.Module):
 def mixer_flops(attn: TokenMixer, grid: Grid, second_tool: bool = False) -> tuple[int, int, Optional[int]]:
     """``(analytic, fvcore-measured, FlopCounterMode or None)`` MACs of one mixer at ``grid``, one image."""
     host = MixerHost(attn, grid).eval()
-    x = torch.zeros(1, attn.seq_len(grid), attn.dim)
+    x = torch.randn(1, attn.seq_len(grid), attn.dim, generator=torch.Generator().manual_seed(0))  # see model_input
     with torch.no_grad():
         measured = int(flop_analysis(host, (x,)).by_module()["attn"])
     second = torch_flops(host, (x,)).by_module.get("attn", 0) if second_tool else None
