@@ -76,20 +76,22 @@ def test_nan_weight_makes_every_output_nan(name, path, monkeypatch):
 
 
 QUERY_WEIGHTS = ("qkv.weight", "q.weight", "qv.weight")  # row 0: channel 0 of the first head's queries
+GLOBAL_QUERY_WEIGHTS = ("qkv_global.weight",)  # longformer's global rows take their queries from here
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", ATTENTION_NAMES)
 def test_nan_query_channel_makes_every_output_nan(name, path, monkeypatch):
-    """One NaN query channel: every score of the first head is NaN, so every output is (through the output
-    projection); a NaN score must never become a probability."""
+    """One NaN query channel (in each query projection the backend has): every score of the first head is NaN,
+    so every output is (through the output projection); a NaN score must never become a probability."""
     attn = _attn(name)
     params = dict(attn.named_parameters())
     pname = next((n for n in QUERY_WEIGHTS if n in params), None)
     if pname is None:
         pytest.skip(f"{name} has no query projection")
     with torch.no_grad():
-        params[pname][0] = float("nan")
+        for n in (pname, *(n for n in GLOBAL_QUERY_WEIGHTS if n in params)):
+            params[n][0] = float("nan")
     out = _run(attn, torch.randn(2, PREFIX + GRID[0] * GRID[1], 32), path, monkeypatch)
     if out is None:
         pytest.skip(f"{name} has no {path} path")

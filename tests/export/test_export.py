@@ -14,6 +14,7 @@ configuration and grid alone: identical across constructions with different seed
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from conftest import ATTENTION_NAMES, attention_yaml
 
 import vitzoo
 import vitzoo.layers.block as block_module
-from vitzoo.attention import MixerContext, build_attention
+from vitzoo.attention import ConfigError, MixerContext, build_attention
 from vitzoo.export import export_model
 
 SHIFT = 720720  # lcm(1..16)
@@ -116,3 +117,24 @@ def test_export_saves_everything_the_output_depends_on(model, name, tmp_path, mo
     with torch.no_grad():
         got = reloaded(x)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_longformer_export_without_global_projection_fails_in_one_line(tmp_path):
+    """An export of ``longformer`` whose weights have no ``qkv_global`` (one projection for every row) and whose
+    config does not name ``global_projections`` builds the default, ``separate``: loading fails in one line naming
+    the missing tensors; with ``"global_projections": "shared"`` in its config it loads and gives its outputs."""
+    torch.manual_seed(0)
+    spec = {**attention_yaml("longformer"), "global_projections": "shared"}
+    net = vitzoo.create_model("vit_cifar", attention=spec, num_classes=10, **TINY["vit_cifar"]).eval()
+    export_model(net, tmp_path)
+    config_file = tmp_path / "config.json"
+    config = json.loads(config_file.read_text())
+    assert config["attention"].pop("global_projections") == "shared"
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"^[^\n]*Missing key\(s\) in state_dict: [^\n]*qkv_global\.weight[^\n]*$"):
+        vitzoo.load_model(tmp_path)
+    config["attention"]["global_projections"] = "shared"
+    config_file.write_text(json.dumps(config))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(vitzoo.load_model(tmp_path)(x), net(x), rtol=0, atol=0)

@@ -124,7 +124,8 @@ def block_tables_mod(allowed: Tensor, block_of: Tensor) -> GridMod:
     return grid_mod
 
 
-def pattern_mask_mod(grid_mod: GridMod, num_prefix: int, num_learned: int, num_grid: int) -> Callable:
+def pattern_mask_mod(grid_mod: GridMod, num_prefix: int, num_learned: int, num_grid: int,
+                     prefix_rows: Optional[int] = None) -> Callable:
     """``mask_mod(b, h, q_idx, kv_idx)`` of the whole pattern: queries ``[P + L]``, keys ``[P + g + L]``.
 
     Prefix queries and prefix/learned keys are global; grid pairs ask ``grid_mod``.
@@ -134,8 +135,10 @@ def pattern_mask_mod(grid_mod: GridMod, num_prefix: int, num_learned: int, num_g
         num_prefix: P.
         num_learned: learned global tokens g.
         num_grid: L = H·W.
+        prefix_rows: query rows in front of the grid's; None: P. 0: the queries are the L grid tokens only
+            (``longformer``'s prefix rows with their own projection run apart).
     """
-    P, G, L = num_prefix, num_prefix + num_learned, num_grid
+    P, G, L = num_prefix if prefix_rows is None else prefix_rows, num_prefix + num_learned, num_grid
 
     def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         qi, ki = (q_idx - P).clamp(0, L - 1), (kv_idx - G).clamp(0, L - 1)  # grid ids (clamped off the grid)
@@ -143,7 +146,8 @@ def pattern_mask_mod(grid_mod: GridMod, num_prefix: int, num_learned: int, num_g
     return mask_mod
 
 
-def pattern_score_mod(grid_bias: GridMod, num_prefix: int, num_learned: int, num_grid: int) -> Callable:
+def pattern_score_mod(grid_bias: GridMod, num_prefix: int, num_learned: int, num_grid: int,
+                      prefix_rows: Optional[int] = None) -> Callable:
     """``score_mod(score, b, h, q_idx, kv_idx)`` adding ``grid_bias`` to grid-query/grid-key scores only.
 
     Args:
@@ -151,8 +155,9 @@ def pattern_score_mod(grid_bias: GridMod, num_prefix: int, num_learned: int, num
         num_prefix: P.
         num_learned: g.
         num_grid: L.
+        prefix_rows: query rows in front of the grid's (as in :func:`pattern_mask_mod`).
     """
-    P, G, L = num_prefix, num_prefix + num_learned, num_grid
+    P, G, L = num_prefix if prefix_rows is None else prefix_rows, num_prefix + num_learned, num_grid
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         qi, ki = (q_idx - P).clamp(0, L - 1), (kv_idx - G).clamp(0, L - 1)

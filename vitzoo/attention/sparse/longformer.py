@@ -13,8 +13,31 @@ Three parts, as in Longformer:
   and masked the same way (δ shrinks per axis to ``side // k`` on small grids, DiNAT's rule);
 * global tokens: the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
   token attends to them; prefix queries attend to every token. In every layer the learned tokens
-  first read the sequence (their queries attend to every token) and their states ``t + read`` give
+  first read the sequence (their queries attend to every token) and their states ``s = t + read`` give
   the keys and values, so global information flows in one layer (see :mod:`vitzoo.attention.sparse.pattern`).
+
+Projections (the paper's Sec. 3.1, "Linear Projections for Global Attention"): two sets, Q_s, K_s, V_s
+(``qkv``) and Q_g, K_g, V_g (``qkv_global``, with ``attention.global_projections: separate``, the default).
+A softmax row takes its query, keys and values from one set, chosen by its query:
+
+* global rows, Q_g, K_g, V_g: the prefix queries Q_g·x_p score K_g of every key (prefix tokens, the learned
+  tokens' states, grid tokens) and average V_g; the learned tokens' read, Q_g·t over K_g, V_g of every token;
+* sliding rows, Q_s, K_s, V_s: a grid query Q_s·x_i scores K_s of its window keys and of the global keys
+  (prefix tokens and states) and averages their V_s.
+
+So the scores of "every token attends to the global tokens" use the sliding projections, as in the authors'
+released code and its port to ``transformers`` (``query_global``/``key_global``/``value_global`` are applied
+only to the global tokens' rows; the other rows score the global keys with ``key``). Changing the global
+weights changes the prefix outputs and the learned states, and reaches a grid query only through the
+states' keys and values.
+
+The global projection is initialised independently (as every linear layer when the model is built), not
+copied from ``qkv``: the paper copies Q_s, K_s, V_s into Q_g, K_g, V_g because it starts from a pretrained
+RoBERTa (from timm weights, ``model.pretrained``, vitzoo reports ``qkv_global`` as new and keeps that
+initialisation). ``attention.global_projections: shared`` uses ``qkv`` for every row (no ``qkv_global``); its cost is
+``4NC² + 3gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ + 2P(N + g)C``. A state dict without
+``qkv_global`` (written with ``shared``) does not load into ``separate``: a strict load names the missing
+``qkv_global`` tensors.
 
 Windows run as blocked (halo) attention per head group (:mod:`vitzoo.attention.sparse.halo`).
 """
@@ -23,11 +46,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 from vitzoo.attention.sparse import flex
 from vitzoo.attention.sparse.geometry import Neighbourhood, check_odd_kernel
 from vitzoo.attention.sparse.neighbourhood import GlobalNeighbourhoodAttention, check_num_global_option
+
+GLOBAL_PROJECTIONS = ("separate", "shared")  # values of attention.global_projections
 
 
 @dataclass
@@ -37,6 +66,7 @@ class LongformerConfig:
     dilated_heads: int = 1  # heads (the last ones) using dilated windows, 0..num_heads
     num_global: int = 1  # learned global tokens g per layer (the class token is global as well)
     impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
+    global_projections: str = "separate"  # separate: global rows use their own Q/K/V (the paper); shared: qkv
 
     def __post_init__(self):
         check_odd_kernel(self)
@@ -44,6 +74,9 @@ class LongformerConfig:
         check_positive(self, "dilation")
         check_non_negative(self, "dilated_heads")
         check_num_global_option(self)
+        check(self.global_projections in GLOBAL_PROJECTIONS,
+              f"attention.global_projections must be one of {', '.join(GLOBAL_PROJECTIONS)} "
+              f"(got {self.global_projections!r})")
 
 
 @register_attention("longformer", LongformerConfig)
@@ -51,14 +84,20 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
     """Sliding windows (masked at the border), dilated windows on some heads, global tokens.
 
     Its cost is :attr:`formula` (P prefix, g learned tokens; L_l/L_δ query slots of the blocked
-    grid and K_l/K_δ halo keys per block of the sliding/dilated heads, C_l/C_δ their channels).
+    grid and K_l/K_δ halo keys per block of the sliding/dilated heads, C_l/C_δ their channels); the
+    instance's follows ``attention.global_projections``. With ``separate``: ``6NC²`` for the projections
+    (queries: Q_s of the grid tokens, Q_g of the prefix tokens; K_s, V_s and K_g, V_g of every token; the
+    output projection), ``3gC²`` for the learned tokens' queries (Q_g) and their states' K_s, V_s,
+    ``2min(P, 1)gC²`` for the states' K_g, V_g that the prefix rows score (none without a prefix token).
 
     Args:
         cfg: :class:`LongformerConfig`.
         ctx: the host's context.
     """
 
-    formula = "4NC² + 3gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ + 2P(N + g)C"
+    formula = ("6NC² + 3gC² + 2min(P, 1)gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ"
+               " + 2P(N + g)C")  # separate; the instance's formula follows global_projections
+    shared_formula = "4NC² + 3gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ + 2P(N + g)C"
 
     def __init__(self, cfg: LongformerConfig, ctx: MixerContext):
         check(cfg.dilated_heads <= ctx.num_heads,
@@ -68,6 +107,64 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
               "attention=longformer needs a global token: attention.num_global=0 on a model without a class token "
               "(Swin) leaves only sliding windows; set attention.num_global >= 1 or use attention=local")
         super().__init__(cfg, ctx)
+        if cfg.global_projections == "separate":  # Q_g, K_g, V_g of the global rows (module docstring)
+            self.qkv_global = nn.Linear(ctx.dim, 3 * ctx.dim, bias=ctx.qkv_bias).to(self.qkv.weight.device)
+        else:
+            self.formula = self.shared_formula
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        """``x[B, P + H·W, C] -> [B, P + H·W, C]``: each row with its own projections (module docstring).
+
+        Args:
+            x: every token (prefix first).
+            grid: (H, W).
+        """
+        if self.qkv_global is None:
+            return super().forward(x, grid)
+        q, k, v, kv_glob = self.split_rows(x)
+        return self.merge_heads(self.attend(q, k, v, grid, kv_glob))
+
+    def split_rows(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """``x[B, N, C]`` -> ``q, k, v`` and ``kv_glob`` (each ``[B, h, N, d]``) for ``attend`` with ``qkv_global``.
+
+        Args:
+            x: every token (prefix first).
+
+        Returns:
+            ``q``: each row's own queries, Q_g·x for the prefix rows and Q_s·x for the grid rows; ``k, v``: K_s·x,
+            V_s·x of every token (``qkv``); ``kv_glob``: K_g·x, V_g·x of every token (``qkv_global``).
+        """
+        P, C = self.num_prefix, self.dim
+        (w, bias), (wg, bias_g) = ((m.weight, m.bias) for m in (self.qkv, self.qkv_global))
+        q = F.linear(x[:, P:], w[:C], None if bias is None else bias[:C])  # grid queries: [B, L, C]
+        if P:
+            q_pre = F.linear(x[:, :P], wg[:C], None if bias_g is None else bias_g[:C])  # prefix queries: [B, P, C]
+            q = torch.cat([q_pre, q], dim=1)
+        kv = F.linear(x, w[C:], None if bias is None else bias[C:])  # [B, N, 2C]
+        kv_glob = F.linear(x, wg[C:], None if bias_g is None else bias_g[C:])  # [B, N, 2C]
+        return (*self.to_heads(q), *self.to_heads(kv, 2), self.to_heads(kv_glob, 2))
+
+    def projection_flops(self, n: int) -> int:
+        """q/k/v and output projections ``4nC²``; with ``qkv_global`` also K_g, V_g of every token, ``2nC²``
+        (each row's queries come from one of the two projections: ``nC²`` in all).
+
+        Args:
+            n: tokens N = P + H·W.
+        """
+        extra = 0 if self.qkv_global is None else 2 * n * self.dim * self.dim
+        return super().projection_flops(n) + extra
+
+    def attend_flops(self, grid: Grid) -> int:
+        """The pattern's MACs (:class:`~vitzoo.attention.sparse.pattern.SparsePatternAttention`); with
+        ``qkv_global`` and prefix tokens also K_g, V_g of the g learned tokens' states, which the prefix rows
+        score: ``2gC²``.
+
+        Args:
+            grid: (H, W).
+        """
+        C = self.dim
+        extra = 2 * self.num_learned * C * C if self.qkv_global is not None and self.num_prefix else 0
+        return super().attend_flops(grid) + extra
 
     def head_patterns(self, grid: Grid) -> list[tuple[int, Optional[Neighbourhood]]]:
         k, dilated = self.cfg.kernel_size, self.cfg.dilated_heads
@@ -80,4 +177,5 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
                 "C_l": n_l * self.head_dim, "C_δ": n_d * self.head_dim}
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads")
+        return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads, "
+                f"global_projections={self.cfg.global_projections}")

@@ -23,6 +23,10 @@ Learned global tokens t (ETC's global memory) read the sequence in every layer (
 tokens between layers): their queries attend to every token (g rows of length N) and the state ``s = t + read``
 gives the keys and values (``2gC²`` per image) every query attends to. The reference reads densely and appends
 the states' keys and values as ordinary tokens to a dense masked attention.
+
+Global rows with their own projection (``qkv_global``, None unless ``longformer``'s
+``attention.global_projections: separate`` sets it): the prefix rows and the learned tokens' read take queries,
+keys and values from it (the states' too, where prefix rows score them); the grid rows keep ``qkv``.
 """
 from __future__ import annotations
 
@@ -137,6 +141,7 @@ class SparsePatternAttention(QKVAttention):
         self.global_tokens = nn.Parameter(torch.zeros(num_learned, ctx.dim)) if num_learned else None
         if self.global_tokens is not None:
             trunc_normal_(self.global_tokens, std=0.02)
+        self.qkv_global: Optional[nn.Linear] = None  # the global rows' own projection (see the module docstring)
 
     def setup(self) -> None:
         """Build the pattern's index buffers for the construction grid (on the module's device)."""
@@ -162,25 +167,39 @@ class SparsePatternAttention(QKVAttention):
             self._other_grids[key] = self.build_pattern(grid).to(device)
         return self._other_grids[key]
 
-    def learned_kv(self, k: Tensor, v: Tensor, p_drop: float) -> tuple[Tensor, Tensor]:
+    def learned_kv(self, k: Tensor, v: Tensor, p_drop: float,
+                   kv_glob: Optional[tuple[Tensor, Tensor]] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Keys and values ``[B, h, g, d]`` of the learned global tokens after they read the sequence.
 
         Args:
-            k, v: ``[B, h, N, d]`` keys and values of every token (prefix and grid).
+            k, v: ``[B, h, N, d]`` keys and values of every token (prefix and grid) from ``qkv``.
             p_drop: attention dropout of the read.
+            kv_glob: keys and values ``[B, h, N, d]`` of every token from ``qkv_global``; None: no such projection.
+
+        Returns:
+            ``k_mem, v_mem`` (the states through ``qkv``: what grid rows see) and ``kg_mem, vg_mem`` (through
+            ``qkv_global``: what prefix rows see; ``k_mem, v_mem`` again without ``kv_glob`` or prefix tokens).
+            With ``kv_glob`` the read itself is ``qkv_global``'s too.
         """
         B, h, _, d = k.shape
         C, g = self.dim, self.num_learned
         if not g:
             empty = k.new_zeros(B, h, 0, d)
-            return empty, empty
-        w, bias = self.qkv.weight, self.qkv.bias
+            return empty, empty, empty, empty
+        read_proj, (k_read, v_read) = (self.qkv, (k, v)) if kv_glob is None else (self.qkv_global, kv_glob)
+        w, bias = read_proj.weight, read_proj.bias
         q_mem = F.linear(self.global_tokens, w[:C], None if bias is None else bias[:C])  # queries: [g, C]
         q_mem = q_mem.view(g, h, d).transpose(0, 1).expand(B, -1, -1, -1)  # [g, h, d] -> [B, h, g, d]
-        read = sdpa(q_mem, k, v, dropout_p=p_drop)  # g queries over every token: [B, h, g, d]
+        read = sdpa(q_mem, k_read, v_read, dropout_p=p_drop)  # g queries over every token: [B, h, g, d]
         state = self.global_tokens + read.transpose(1, 2).reshape(B, g, C)  # [B, g, C]
+        w, bias = self.qkv.weight, self.qkv.bias
         kv = F.linear(state, w[C:], None if bias is None else bias[C:])  # keys and values: [B, g, 2C]
-        return self.to_heads(kv, 2)  # [B, h, g, d] each
+        k_mem, v_mem = self.to_heads(kv, 2)  # [B, h, g, d] each
+        if kv_glob is None or not self.num_prefix:
+            return k_mem, v_mem, k_mem, v_mem
+        w, bias = self.qkv_global.weight, self.qkv_global.bias
+        kv = F.linear(state, w[C:], None if bias is None else bias[C:])  # the prefix rows' keys and values: [B, g, 2C]
+        return (k_mem, v_mem, *self.to_heads(kv, 2))
 
     def every_key(self, k: Tensor, k_mem: Tensor) -> Tensor:
         """``[B, h, P + g + L, d]``: prefix keys, the learned tokens' keys ``k_mem``, grid keys
@@ -188,16 +207,25 @@ class SparsePatternAttention(QKVAttention):
         P = self.num_prefix
         return torch.cat([k[:, :, :P], k_mem, k[:, :, P:]], dim=2) if k_mem.shape[2] else k
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern (``attention.impl``)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid,
+               kv_glob: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
+        """``q, k, v[B, h, P + H·W, d] -> [B, h, P + H·W, d]`` computing only the pattern (``attention.impl``).
+
+        Args:
+            q, k, v: every token's queries, keys and values.
+            grid: (H, W).
+            kv_glob: keys and values ``[B, h, P + H·W, d]`` of every token from ``qkv_global`` (q's prefix rows are
+                then its queries); None: every row uses q, k, v.
+        """
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if flex.resolve_impl(self.cfg.impl, q.device, self.training, self.attn_drop.p, needs_grad) == "flex":
-            return self.attend_flex(q, k, v, grid)
+            return self.attend_flex(q, k, v, grid, kv_glob)
         pat = self.pattern_at(grid, q.device)
+        assert kv_glob is None or not pat.num_global_grid, "qkv_global covers prefix and learned rows only"
         P = self.num_prefix
         p_drop = self.attn_drop.p if self.training else 0.0
         (q_pre, q_grid), (k_pre, k_grid), (v_pre, v_grid) = (split_prefix(t, P) for t in (q, k, v))
-        k_mem, v_mem = self.learned_kv(k, v, p_drop)  # [B, h, g, d]
+        k_mem, v_mem, kg_mem, vg_mem = self.learned_kv(k, v, p_drop, kv_glob)  # [B, h, g, d]
         q_glob, k_glob, v_glob = q_pre, torch.cat([k_pre, k_mem], dim=2), torch.cat([v_pre, v_mem], dim=2)
         if pat.num_global_grid:
             gg = pat.global_grid
@@ -205,9 +233,15 @@ class SparsePatternAttention(QKVAttention):
             k_glob = torch.cat([k_glob, k_grid[:, :, gg]], dim=2)  # [B, h, P + g + G_grid, d]
             v_glob = torch.cat([v_glob, v_grid[:, :, gg]], dim=2)
         halo = all(isinstance(group, HaloGroup) for group in pat.groups)  # halo groups take k_glob, not k_all
-        k_all, v_all = (k, v) if halo and not q_glob.shape[2] else (self.every_key(k, k_mem), self.every_key(v, v_mem))
-        # global queries attend to every key: P + G_grid rows
-        o_glob = sdpa(q_glob, k_all, v_all, dropout_p=p_drop) if q_glob.shape[2] else q_glob
+        rows_read_all = q_glob.shape[2] and kv_glob is None  # the global rows read k_all, v_all
+        if halo and not rows_read_all:
+            k_all, v_all = k, v
+        else:
+            k_all, v_all = self.every_key(k, k_mem), self.every_key(v, v_mem)
+        # global queries attend to every key: P + G_grid rows (with kv_glob: its keys and values)
+        k_rows, v_rows = (k_all, v_all) if kv_glob is None else (self.every_key(kv_glob[0], kg_mem),
+                                                                 self.every_key(kv_glob[1], vg_mem))
+        o_glob = sdpa(q_glob, k_rows, v_rows, dropout_p=p_drop) if q_glob.shape[2] else q_glob
         sizes = [group.heads for group in pat.groups]
         parts = zip(*(head_parts(t, sizes) for t in (q_grid, k_grid, v_grid, k_glob, v_glob, k_all, v_all)))
         outs, h0 = [], 0
@@ -230,20 +264,36 @@ class SparsePatternAttention(QKVAttention):
             o_grid = select_rows(torch.cat([o_grid, o_gg], dim=2), pat.inverse)  # [B, h, L, d] raster order
         return torch.cat([o_pre, o_grid], dim=2) if P else o_grid
 
-    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """The same pattern as one FlexAttention call (:mod:`vitzoo.attention.sparse.flex`): ``[B, h, P + L, d]``."""
-        k_mem, v_mem = self.learned_kv(k, v, self.attn_drop.p if self.training else 0.0)  # [B, h, g, d]
+    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid,
+                    kv_glob: Optional[tuple[Tensor, Tensor]] = None) -> Tensor:
+        """The same pattern as one FlexAttention call (:mod:`vitzoo.attention.sparse.flex`): ``[B, h, P + L, d]``.
+
+        With ``kv_glob`` (see :meth:`attend`) the call covers the grid rows only and the prefix rows run
+        through SDPA over ``kv_glob`` and the states' keys and values from ``qkv_global``.
+        """
+        p_drop = self.attn_drop.p if self.training else 0.0
+        k_mem, v_mem, kg_mem, vg_mem = self.learned_kv(k, v, p_drop, kv_glob)  # [B, h, g, d]
         mask, score_mod = flex.flex_mask_at(self, grid, q.device, lambda: self.build_flex(grid, q.device))
-        return flex.run_flex(q, self.every_key(k, k_mem), self.every_key(v, v_mem), mask, score_mod, self.scale)
+        k_all, v_all = self.every_key(k, k_mem), self.every_key(v, v_mem)
+        if kv_glob is None:
+            return flex.run_flex(q, k_all, v_all, mask, score_mod, self.scale)
+        P = self.num_prefix
+        o_grid = flex.run_flex(q[:, :, P:], k_all, v_all, mask, score_mod, self.scale)  # [B, h, L, d]
+        if not P:
+            return o_grid
+        k_rows, v_rows = self.every_key(kv_glob[0], kg_mem), self.every_key(kv_glob[1], vg_mem)
+        o_pre = sdpa(q[:, :, :P], k_rows, v_rows, dropout_p=p_drop)  # prefix queries over every key: [B, h, P, d]
+        return torch.cat([o_pre, o_grid], dim=2)
 
     def build_flex(self, grid: Grid, device: Any) -> tuple[Any, Any]:
-        """``(BlockMask, score_mod or None)`` of the pattern at ``grid``
-        from :meth:`flex_grid_mod` / :meth:`flex_grid_bias`."""
+        """``(BlockMask, score_mod or None)`` of the pattern at ``grid`` from :meth:`flex_grid_mod` /
+        :meth:`flex_grid_bias`; with ``qkv_global`` the queries are the grid tokens only (see :meth:`attend_flex`)."""
         P, g, L = self.num_prefix, self.num_learned, grid[0] * grid[1]
-        mask_mod = flex.pattern_mask_mod(self.flex_grid_mod(grid, device), P, g, L)
+        rows = P if self.qkv_global is None else 0  # query rows in front of the grid's
+        mask_mod = flex.pattern_mask_mod(self.flex_grid_mod(grid, device), P, g, L, rows)
         bias = self.flex_grid_bias(grid, device)
-        score_mod = None if bias is None else flex.pattern_score_mod(bias, P, g, L)
-        return flex.block_mask(mask_mod, self.num_heads, P + L, P + g + L, device), score_mod
+        score_mod = None if bias is None else flex.pattern_score_mod(bias, P, g, L, rows)
+        return flex.block_mask(mask_mod, self.num_heads, rows + L, P + g + L, device), score_mod
 
     def flex_grid_mod(self, grid: Grid, device: Any) -> flex.GridMod:  # pragma: no cover - abstract
         """``(head, grid query, grid key) -> bool`` from small tables on ``device`` (as :meth:`grid_mask`)."""
@@ -306,22 +356,35 @@ class SparsePatternAttention(QKVAttention):
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Dense masked ``softmax(QKᵀ/√d)V``; learned tokens first read every token densely, then their
-        states are appended as ordinary keys/values (their own rows are not computed)."""
+        states are appended as ordinary keys/values (their own rows are not computed).
+
+        With ``qkv_global`` every row is computed twice, densely: with ``qkv`` under the pattern's mask and with
+        ``qkv_global`` over every key (the learned tokens' read too); the prefix rows take the second, the grid
+        rows the first.
+        """
         P, g, C = self.num_prefix, self.num_learned, self.dim
         q, k, v = self.split_heads(x)  # [B, h, P + L, d]
+        glob = self.qkv_global
+        q_g, k_g, v_g = (q, k, v) if glob is None else self.to_heads(glob(x), 3)
         if g:
             tokens = self.global_tokens.expand(x.shape[0], -1, -1)  # [B, g, C]
-            q_t = self.split_heads(tokens)[0]  # [B, h, g, d]
-            read = dense_attention(q_t, k, v)  # every token: [B, h, g, d]
+            q_t = (self.split_heads(tokens) if glob is None else self.to_heads(glob(tokens), 3))[0]  # [B, h, g, d]
+            read = dense_attention(q_t, k_g, v_g)  # every token: [B, h, g, d]
             state = tokens + read.transpose(1, 2).reshape(x.shape[0], g, C)  # [B, g, C]
             _, k_t, v_t = self.split_heads(state)  # [B, h, g, d]
             k = torch.cat([k[:, :, :P], k_t, k[:, :, P:]], dim=2)  # [B, h, P + g + L, d]
             v = torch.cat([v[:, :, :P], v_t, v[:, :, P:]], dim=2)
+            if glob is not None:
+                _, k_t, v_t = self.to_heads(glob(state), 3)
+                k_g = torch.cat([k_g[:, :, :P], k_t, k_g[:, :, P:]], dim=2)
+                v_g = torch.cat([v_g[:, :, :P], v_t, v_g[:, :, P:]], dim=2)
         bias, inner = None, self.grid_bias(grid)
         if inner is not None:
             bias = inner.new_zeros(inner.shape[0], q.shape[2], k.shape[2])  # [h, P + L, P + g + L]
             bias[:, P:, P + g :] = inner
         out = dense_attention(q, k, v, allowed=self.full_mask(grid).to(x.device), bias=bias)
+        if glob is not None:
+            out = torch.cat([dense_attention(q_g, k_g, v_g)[:, :, :P], out[:, :, P:]], dim=2)  # prefix rows: global
         return self.merge_heads(out)
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
