@@ -6,11 +6,12 @@
 Families (the subpackage a backend's module lives in, :func:`attention_family`):
 
 * ``dense``: global softmax attention and Swin's shifted windows.
-* ``sparse``: fixed sparse patterns (neighbourhoods, dilation, global tokens, Longformer, BigBird).
-* ``data_driven``: content-based buckets (LSH, k-means routing, Sinkhorn sorting).
-* ``linear``: feature-map attention (elu, Efficient Attention, Performer, RFA).
+* ``sparse``: fixed sparse patterns (neighbourhoods, dilation, global tokens, Longformer, BigBird, per-head
+  patterns, axial rows and columns).
+* ``data_driven``: content-based selection (LSH, k-means routing, Sinkhorn sorting, ProbSparse queries).
+* ``linear``: feature-map and channel attention (elu, Efficient Attention, Performer, RFA, ReLU, Hydra, XCA).
 * ``low_rank``: projected or compressed keys and values (Linformer, Nyström, compressed).
-* ``token_mixing``: attention-free or synthesised mixing (Synthesizer, FNet, gMLP, MLP-Mixer).
+* ``token_mixing``: attention-free or synthesised mixing (Synthesizer, FNet, gMLP, MLP-Mixer, GFNet, AFNO).
 
 Every module of every family is imported on first use (:func:`list_attention`), so a new file registers itself.
 """

@@ -339,7 +339,7 @@ def compare_runs(folder: Path | str, out: Optional[Path | str] = None, x: str = 
 
 def sweep_command(experiment: str = "zoo_digits", backends: Optional[Sequence[str]] = None) -> str:
     """The multirun command line with the backend list spelled out (the experiment file's
-    ``attention: glob(*)`` already sweeps every ``configs/attention/*.yaml``).
+    ``attention: glob(*)`` already sweeps every ``vitzoo/conf/attention/*.yaml``).
 
     Args:
         experiment: ``configs/experiment/<name>.yaml``.

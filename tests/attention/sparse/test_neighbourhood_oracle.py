@@ -178,9 +178,9 @@ def hold_learned_tokens(attn, shift: torch.Tensor | None = None) -> None:
     which every token reaches every query) no longer moves them; ``shift[2, 1, h, g, d]`` is added to them."""
     read = type(attn).learned_kv.__get__(attn)  # the backend's own read
 
-    def held(k, v, p_drop):
-        kv = [t[:1].expand_as(t) for t in read(k, v, p_drop)]  # keys, values [B, h, g, d]
-        return tuple(kv if shift is None else (t + s for t, s in zip(kv, shift)))
+    def held(*args, **kwargs):  # keys, values as grid rows see them, then as prefix rows see them: [B, h, g, d] each
+        kv = [t[:1].expand_as(t) for t in read(*args, **kwargs)]
+        return tuple(kv if shift is None else (t + shift[i % 2] for i, t in enumerate(kv)))
     attn.learned_kv = held
 
 

@@ -13,7 +13,7 @@ normaliser is clamped to at least ``1e-6`` so that underflow gives 0, not NaN (t
 adds a small constant to every feature instead; the clamp saves a copy of the N×m features).
 
 ``ω`` is a buffer drawn from a generator seeded by the layer index; in training it is redrawn every
-``redraw_interval`` forward passes (see :class:`vitzoo.attention.linear.random_features.RandomFeatureAttention`); eval
+``redraw_interval`` training steps (see :class:`vitzoo.attention.linear.random_features.RandomFeatureAttention`); eval
 never redraws. A global mixer: prefix tokens (the class token) are ordinary tokens. There are no
 attention weights in the fast path, so ``attn_drop`` is not used.
 """
@@ -88,7 +88,7 @@ class PerformerAttention(RandomFeatureAttention):
     """FAVOR+ attention; its cost is :attr:`formula`.
 
     Args:
-        cfg: PerformerConfig (validated options, see ``configs/attention/performer.yaml``).
+        cfg: PerformerConfig (validated options, see ``vitzoo/conf/attention/performer.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 

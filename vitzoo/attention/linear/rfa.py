@@ -74,7 +74,7 @@ class RFAAttention(RandomFeatureAttention):
     """Random Feature Attention; its cost is :attr:`formula` (D random directions, 2D features).
 
     Args:
-        cfg: RFAConfig (validated options, see ``configs/attention/rfa.yaml``).
+        cfg: RFAConfig (validated options, see ``vitzoo/conf/attention/rfa.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
