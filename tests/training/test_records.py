@@ -124,7 +124,7 @@ def test_ranking_of_an_empty_folder_is_one_line(tmp_path):
 
 def test_committed_records_are_readable():
     folder = ROOT / "results" / "cifar10"
-    if not folder.is_dir():
+    if not any(folder.rglob("seed*.json")):
         pytest.skip("no committed CIFAR-10 records yet (results/cifar10)")
     rows = aggregate(read_records(folder))
     assert rows and all(0.0 <= r["top1"] <= 100.0 for r in rows)
