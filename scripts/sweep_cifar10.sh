@@ -8,6 +8,8 @@
 # Accuracy only (it does not depend on machine load): run it at low priority beside other work, and measure
 # speed separately on a quiet machine (scripts/benchmark.py --mode models, see docs/results.md).
 #   nice -n 19 bash scripts/sweep_cifar10.sh [RECORDS] [BACKENDS]   (default results/cifar10, all backends)
+# On Linux with autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1) nice only ranks processes
+# of one terminal session; to yield to other sessions as well, run `echo 19 > /proc/self/autogroup` first.
 #   extra Hydra overrides via SWEEP_ARGS, e.g. SWEEP_ARGS="trainer.precision=32" where bf16 is emulated
 set -euo pipefail
 cd "$(dirname "$0")/.."
