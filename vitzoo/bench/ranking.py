@@ -203,8 +203,9 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
                            f"CIFAR-10, {_budget_name(epochs)}, {sub[0].get('val_images')} validation images; "
                            f"{', '.join(cpus)}")
         charts.append(png)
+        hours = sum(r["wall_s"] for r in sub) / 3600
         parts.append(f"**{_budget_name(epochs)}** ({len(sub)} run{'s' if len(sub) != 1 else ''}, "
-                     f"{sum(r['wall_s'] for r in sub) / 3600:.1f} hours of training wall time, pauses included)\n\n{_fmt(sub)}\n\n"
+                     f"{hours:.1f} hours of training wall time, pauses included)\n\n{_fmt(sub)}\n\n"
                      f"![accuracy vs throughput, {_budget_name(epochs)}]({png.name})")
     sources = ", ".join(f"`{p}`" for p in bench_files) or "the quiet benchmark (not measured yet)"
     text = (f"Records: `{folder}` ({', '.join(cpus)}). Accuracy from the records; images/s and peak memory from "
