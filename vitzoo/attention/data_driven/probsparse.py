@@ -55,6 +55,7 @@ class ProbSparseAttention(QKVAttention):
     """
 
     formula = "4NC² + NUC + 2uNC"
+    CHUNK = 1 << 13  # sampled key vectors per image gathered at once by the measurement (query chunks)
 
     def __init__(self, cfg: ProbSparseConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -68,12 +69,32 @@ class ProbSparseAttention(QKVAttention):
         s = torch.arange(u, device=device)[None, :]
         return (i * HASH_A + s * HASH_B + self.sample_layer * HASH_L) % n  # [n, U]
 
+    @torch.no_grad()
+    def measure(self, q: Tensor, k: Tensor) -> Tensor:
+        """The max-mean measurement ``[B, h, N]`` of every query on its sampled keys, in query chunks.
+
+        It only picks the active queries (a top-u index, no gradient), so it runs without autograd and
+        gathers at most :attr:`CHUNK` sampled key vectors per image at a time instead of all ``[B, h, N, U, d]``.
+
+        Args:
+            q: queries ``[B, h, N, d]``.
+            k: keys ``[B, h, N, d]``.
+        """
+        B, h, N, d = q.shape
+        idx = self.samples(N, q.device)  # [N, U]
+        step = max(1, self.CHUNK // (h * idx.shape[1]))  # queries per chunk (batch-free: export keeps B dynamic)
+        q, k = q.contiguous(), k.contiguous()
+        parts = []
+        for lo in range(0, N, step):
+            part = idx[lo:lo + step]  # [n, U]
+            k_sample = k.index_select(2, part.flatten()).view(B, h, *part.shape, d)  # [B, h, n, U, d]
+            qk = torch.einsum("bhnd,bhnsd->bhns", q[:, :, lo:lo + step], k_sample)  # [B, h, n, U]
+            parts.append(qk.amax(dim=-1) - qk.sum(dim=-1) / N)  # [B, h, n]
+        return torch.cat(parts, dim=-1)  # [B, h, N]
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         B, h, N, d = q.shape
-        idx = self.samples(N, q.device)
-        k_sample = k[:, :, idx]  # [B, h, N, U, d]
-        qk = torch.einsum("bhnd,bhnsd->bhns", q, k_sample)  # [B, h, N, U]: N·U·d per head
-        measure = qk.amax(dim=-1) - qk.sum(dim=-1) / N  # [B, h, N]
+        measure = self.measure(q, k)  # [B, h, N]: N·U·d per head
         top = measure.topk(sample_count(self.cfg.factor, N), dim=-1).indices  # [B, h, u]
         rows = top[..., None].expand(-1, -1, -1, d)  # [B, h, u, d]
         drop = self.attn_drop.p if self.training else 0.0
