@@ -13,7 +13,7 @@ from helpers import compose_cfg
 from vitzoo.bench.ranking import BEGIN, END, aggregate, rank_records, top_backends
 from vitzoo.registry import ConfigError
 from vitzoo.training import train
-from vitzoo.training.records import read_records, record_path, wilson_interval, write_record
+from vitzoo.training.records import model_label, read_records, record_path, wilson_interval, write_record
 
 TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1",
         "trainer.limit_train_batches=2", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
@@ -62,6 +62,24 @@ def test_a_finished_run_writes_its_record_and_a_rerun_skips_it(tmp_path):
     again = train(compose_cfg([*TINY, f"record_dir={records}"], tmp_path / "run2"))
     assert again == rec
     assert not (tmp_path / "run2" / "results.json").exists()  # nothing trained
+
+
+@pytest.mark.parametrize("model,label", [({"name": "vit_cifar"}, "vit_cifar"),
+                                         ({"name": "vit_cifar", "token_reduction": None}, "vit_cifar"),
+                                         ({"name": "vit_cifar", "token_reduction": "tome"}, "vit_cifar+tome"),
+                                         ({"name": "vit_small", "token_reduction": {"name": "evit"}}, "vit_small+evit")])
+def test_model_label_names_the_token_reducer(model, label):
+    assert model_label(model) == label
+
+
+def test_a_token_reducing_run_keeps_its_own_record(tmp_path):
+    """The same backend with and without ToMe: two records, the second run is trained, not skipped."""
+    records = tmp_path / "records"
+    train(compose_cfg([*TINY, f"record_dir={records}"], tmp_path / "plain"))
+    reduced = train(compose_cfg([*TINY, f"record_dir={records}", "model.token_reduction=tome"], tmp_path / "tome"))
+    rec = json.loads((records / "vit_cifar+tome" / "global" / "seed0.json").read_text())
+    assert rec["model"] == "vit_cifar+tome" and rec["top1"] == reduced["best_val_acc"]
+    assert (tmp_path / "tome" / "results.json").exists()  # trained, not skipped by the plain run's record
 
 
 def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar"):

@@ -1,7 +1,8 @@
 """Result records: the small JSON file a finished run leaves in a folder that is committed to git.
 
 A sweep that needs many hours writes one record per finished job to
-``<record_dir>/<model>/<attention>/seed<k>.json``; re-running it skips every job whose record exists, so it
+``<record_dir>/<model>/<attention>/seed<k>.json`` (``<model>`` is the variant, ``vit_cifar+tome`` where the model
+reduces tokens, see :func:`model_label`); re-running it skips every job whose record exists, so it
 survives stops and machine changes, and a newly registered backend costs only its own job. Checkpoints stay in
 the run folder (out of git). ``scripts/compare.py <record_dir>`` turns the records into tables and a chart.
 """
@@ -37,6 +38,20 @@ def record_path(record_dir: Any, model: str, attention: str, seed: int) -> Path:
     return Path(str(record_dir)) / str(model) / str(attention) / f"seed{seed}.json"
 
 
+def model_label(model: Mapping[str, Any]) -> str:
+    """The model part of a record: the variant name, joined with ``+<reducer>`` where the model reduces tokens
+    (``vit_cifar+tome``), so a run with token reduction never takes the record of the same backend without it.
+
+    Args:
+        model: the run's resolved ``model`` config (``name`` and, optionally, ``token_reduction``: a reducer name
+            or a mapping with ``name``).
+    """
+    reduction = model.get("token_reduction")
+    if isinstance(reduction, Mapping):
+        reduction = reduction.get("name")
+    return f"{model['name']}+{reduction}" if reduction else str(model["name"])
+
+
 def wilson_interval(accuracy: float, n: int, z: float = 1.959964) -> tuple[float, float]:
     """95 % Wilson score interval of an accuracy measured on ``n`` images (the sampling interval of the
     validation set, not the seed-to-seed spread).
@@ -66,7 +81,7 @@ def build_record(results: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str
     batch = int(data.get("batch_size") or 0)
     return {
         "version": RECORD_VERSION,
-        "model": run["model"]["name"], "attention": run["attention"]["name"], "seed": run.get("seed"),
+        "model": model_label(run["model"]), "attention": run["attention"]["name"], "seed": run.get("seed"),
         "data": data.get("name"), "img_size": run["model"].get("img_size"),
         "experiment": run.get("task_name"),
         "top1": acc, "top1_ci95": [low, high], "top5": results.get("best_val_acc5"), "loss": results.get("val_loss"),
@@ -120,5 +135,5 @@ def existing_record(record_dir: Optional[Any], run: Mapping[str, Any]) -> Option
     """The record file of this run if ``record_dir`` is set and the record exists, else ``None``."""
     if not record_dir:
         return None
-    path = record_path(record_dir, run["model"]["name"], run["attention"]["name"], run.get("seed"))
+    path = record_path(record_dir, model_label(run["model"]), run["attention"]["name"], run.get("seed"))
     return path if path.is_file() else None

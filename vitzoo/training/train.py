@@ -25,7 +25,7 @@ from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.module import VitModule
-from vitzoo.training.records import build_record, existing_record, record_path, write_record
+from vitzoo.training.records import build_record, existing_record, model_label, record_path, write_record
 from vitzoo.training.resume import (
     AtomicCheckpointIO,
     ResumableCSVLogger,
@@ -167,7 +167,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return json.loads((out_dir / "results.json").read_text())
     results = fit(cfg)[0]
     if cfg.get("record_dir") and rank_zero_only.rank == 0:
-        path = record_path(cfg.record_dir, run["model"]["name"], run["attention"]["name"], run.get("seed"))
+        path = record_path(cfg.record_dir, model_label(run["model"]), run["attention"]["name"], run.get("seed"))
         say(f"record_dir: wrote {write_record(path, build_record(results, run))}")
     return results
 
