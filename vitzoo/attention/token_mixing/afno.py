@@ -24,7 +24,14 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive, check_positive_number
 from vitzoo.attention.token_mixing.fnet import fft_macs
-from vitzoo.attention.token_mixing.gfnet import REAL_FFT_HANDLES, fft_dtype, grid_and_prefix, with_prefix
+from vitzoo.attention.token_mixing.gfnet import (
+    REAL_FFT_HANDLES,
+    fft_dtype,
+    grid_and_prefix,
+    irfft_grid,
+    rfft_grid,
+    with_prefix,
+)
 
 
 @dataclass
@@ -67,12 +74,12 @@ class AdaptiveFourierMixer(TokenMixer):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         g, _ = grid_and_prefix(x, self.num_prefix, grid)
         B, H, W, C = g.shape
-        spec = torch.fft.rfft2(g.to(fft_dtype(x)), dim=(1, 2), norm="ortho")  # [B, H, W/2+1, C]
+        spec = rfft_grid(g.to(fft_dtype(x)))  # [B, H, W/2+1, C]
         s = spec.reshape(B, H, spec.shape[2], self.blocks, self.block)  # [B, H, W/2+1, k, b]
         re, im = self._layer(s.real, s.imag, self.w1, self.b1, relu=True)
         re, im = self._layer(re, im, self.w2, self.b2, relu=False)
         z = torch.complex(_shrink(re, self.cfg.sparsity), _shrink(im, self.cfg.sparsity)).flatten(-2)
-        y = torch.fft.irfft2(z, s=(H, W), dim=(1, 2), norm="ortho")  # [B, H, W, C]
+        y = irfft_grid(z, (H, W))  # [B, H, W, C]
         return with_prefix((y + g).to(x.dtype), self.num_prefix)  # [B, N, C]
 
     @staticmethod

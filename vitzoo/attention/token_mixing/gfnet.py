@@ -68,6 +68,31 @@ def grid_and_prefix(x: Tensor, num_prefix: int, grid: Grid) -> tuple[Tensor, Ten
     return x[:, num_prefix:].reshape(B, grid[0], grid[1], C), x[:, :num_prefix]
 
 
+def rfft_grid(g: Tensor) -> Tensor:
+    """Orthonormal ``rfft2`` of channel-last grid tokens ``[B, H, W, C] -> [B, H, ⌊W/2⌋+1, C]`` (complex).
+
+    The transform runs on a channel-first copy, whose H and W dims are contiguous (about 1.5× faster forward
+    and backward on the CPU than transforming strided dims); the result is a channel-last view of it.
+
+    Args:
+        g: grid tokens ``[B, H, W, C]`` (real).
+    """
+    spec = torch.fft.rfft2(g.permute(0, 3, 1, 2).contiguous(), norm="ortho")  # [B, C, H, W/2+1]
+    return spec.permute(0, 2, 3, 1)  # [B, H, W/2+1, C]
+
+
+def irfft_grid(z: Tensor, grid: Grid) -> Tensor:
+    """Inverse of :func:`rfft_grid`: ``[B, H, ⌊W/2⌋+1, C]`` (complex) ``-> [B, H, W, C]`` (real), on channel-first
+    contiguous rows.
+
+    Args:
+        z: half spectrum ``[B, H, ⌊W/2⌋+1, C]``.
+        grid: the token grid ``(H, W)`` (the output size: W is not recoverable from ⌊W/2⌋+1).
+    """
+    y = torch.fft.irfft2(z.permute(0, 3, 1, 2).contiguous(), s=tuple(grid), norm="ortho")  # [B, C, H, W]
+    return y.permute(0, 2, 3, 1)  # [B, H, W, C]
+
+
 def with_prefix(y: Tensor, num_prefix: int) -> Tensor:
     """``y[B, H, W, C] -> [B, P + H·W, C]``, each prefix token the mean of the grid outputs."""
     B, H, W, C = y.shape
@@ -116,8 +141,8 @@ class GlobalFilter(TokenMixer):
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         g, _ = grid_and_prefix(x, self.num_prefix, grid)
-        spec = torch.fft.rfft2(g.to(fft_dtype(x)), dim=(1, 2), norm="ortho")  # [B, H, W/2+1, C]
-        y = torch.fft.irfft2(spec * self.complex_filter(grid), s=tuple(grid), dim=(1, 2), norm="ortho")
+        spec = rfft_grid(g.to(fft_dtype(x)))  # [B, H, W/2+1, C]
+        y = irfft_grid(spec * self.complex_filter(grid), grid)  # [B, H, W, C]
         return with_prefix(y.to(x.dtype), self.num_prefix)  # [B, N, C]
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
