@@ -6,7 +6,8 @@ block-diagonal complex MLP (k blocks of b = C/k channels, hidden width b·f, ReL
 frequencies; soft-shrinkage ``S_λ`` of the result (sparsity); the inverse FFT; plus the layer's input (the
 paper's code adds it back inside the mixer). Cost N log N; the weights do not depend on the grid.
 
-A complex product ``(a + ib)(W_r + iW_i)`` is four real products (the paper's code). Prefix tokens (ViT's
+A complex product ``(a + ib)(W_r + iW_i)`` is four real products (the paper's code), computed as one real
+matrix product over interleaved (real, imaginary) channels. Prefix tokens (ViT's
 class token) are not grid positions: each one's output is the mean of the grid outputs.
 
 FLOPs: FFTs as in :mod:`vitzoo.attention.token_mixing.gfnet` (FNet's convention); the block MLP at the
@@ -28,8 +29,6 @@ from vitzoo.attention.token_mixing.gfnet import (
     REAL_FFT_HANDLES,
     fft_dtype,
     grid_and_prefix,
-    irfft_grid,
-    rfft_grid,
     with_prefix,
 )
 
@@ -74,21 +73,33 @@ class AdaptiveFourierMixer(TokenMixer):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         g, _ = grid_and_prefix(x, self.num_prefix, grid)
         B, H, W, C = g.shape
-        spec = rfft_grid(g.to(fft_dtype(x)))  # [B, H, W/2+1, C]
-        s = spec.reshape(B, H, spec.shape[2], self.blocks, self.block)  # [B, H, W/2+1, k, b]
-        re, im = self._layer(s.real, s.imag, self.w1, self.b1, relu=True)
-        re, im = self._layer(re, im, self.w2, self.b2, relu=False)
-        z = torch.complex(_shrink(re, self.cfg.sparsity), _shrink(im, self.cfg.sparsity)).flatten(-2)
-        y = irfft_grid(z, (H, W))  # [B, H, W, C]
-        return with_prefix((y + g).to(x.dtype), self.num_prefix)  # [B, N, C]
+        k, b = self.blocks, self.block
+        # FFT over contiguous rows (channel-first), then the blocks as the batch of two matrix products
+        spec = torch.fft.rfft2(g.to(fft_dtype(x)).permute(0, 3, 1, 2).contiguous(), norm="ortho")  # [B, C, H, W/2+1]
+        f = H * spec.shape[-1]  # kept frequencies
+        z = torch.view_as_real(spec).reshape(B, k, b, f, 2)  # [B, k, b, F, re/im]
+        z = z.permute(1, 0, 3, 2, 4).reshape(k, B * f, 2 * b)  # [k, B·F, (b, re/im)]
+        z = self._layer(z, self.w1, self.b1).relu()  # [k, B·F, (bf, re/im)]
+        z = _shrink(self._layer(z, self.w2, self.b2), self.cfg.sparsity)  # [k, B·F, (b, re/im)]
+        z = z.view(k, B, f, b, 2).permute(1, 0, 3, 2, 4).reshape(B, C, H, f // H, 2)  # [B, C, H, W/2+1, re/im]
+        y = torch.fft.irfft2(torch.view_as_complex(z), s=(H, W), norm="ortho")  # [B, C, H, W]
+        return with_prefix((y.permute(0, 2, 3, 1) + g).to(x.dtype), self.num_prefix)  # [B, N, C]
 
     @staticmethod
-    def _layer(re: Tensor, im: Tensor, w: Tensor, b: Tensor, relu: bool) -> tuple[Tensor, Tensor]:
-        """One complex block-diagonal linear layer ``(re + i·im)(w_r + i·w_i) + b``: four real einsums."""
-        w, b = w.to(re.dtype), b.to(re.dtype)
-        out_re = torch.einsum("nhwki,kio->nhwko", re, w[0]) - torch.einsum("nhwki,kio->nhwko", im, w[1]) + b[0]
-        out_im = torch.einsum("nhwki,kio->nhwko", im, w[0]) + torch.einsum("nhwki,kio->nhwko", re, w[1]) + b[1]
-        return (out_re.relu(), out_im.relu()) if relu else (out_re, out_im)
+    def _layer(z: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        """One complex block-diagonal linear layer ``(re + i·im)(w_r + i·w_i) + b`` as one real batched matrix
+        product over interleaved (re, im) channels: the weight ``[[w_r, w_i], [−w_i, w_r]]`` per channel pair
+        holds the four real products of the paper's code (the same multiply-adds).
+
+        Args:
+            z: interleaved input ``[k, rows, (i, re/im)]``.
+            w: weights ``[2, k, i, o]`` (real, imaginary); b: biases ``[2, k, o]``.
+        """
+        w, b = w.to(z.dtype), b.to(z.dtype)
+        k, i, o = w.shape[1:]
+        rows = torch.stack([torch.stack([w[0], w[1]], -1), torch.stack([-w[1], w[0]], -1)], 2)  # [k, i, 2, o, 2]
+        out = torch.bmm(z, rows.reshape(k, 2 * i, 2 * o))  # [k, rows, (o, re/im)]
+        return out + torch.stack([b[0], b[1]], -1).reshape(k, 1, 2 * o)
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Full complex DFT (explicit DFT matrices), the per-block MLP in complex arithmetic on the
