@@ -124,6 +124,11 @@ def addbmm_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
     return math.prod(get_shape(inputs[1])) * get_shape(inputs[2])[-1]
 
 
+def vecdot_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
+    """``linalg_vecdot(a, b, dim)``: output elements (the broadcast batch) × the length of ``dim``."""
+    return math.prod(get_shape(outputs[0])) * get_shape(inputs[0])[_constant(inputs[2])]
+
+
 def tensordot_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
     """``tensordot(a, b, dims_a, dims_b)``: output elements × product of the contracted sizes."""
     a = get_shape(inputs[0])
@@ -212,6 +217,7 @@ HANDLES = {
     "aten::addmv": addmm_like_flop_jit,
     "aten::addbmm": addbmm_flop_jit,
     "aten::tensordot": tensordot_flop_jit,
+    "aten::linalg_vecdot": vecdot_flop_jit,
     "aten::einsum": einsum_flop_jit,
 }
 

@@ -69,12 +69,48 @@ class ProbSparseAttention(QKVAttention):
         s = torch.arange(u, device=device)[None, :]
         return (i * HASH_A + s * HASH_B + self.sample_layer * HASH_L) % n  # [n, U]
 
-    @torch.no_grad()
     def measure(self, q: Tensor, k: Tensor) -> Tensor:
-        """The max-mean measurement ``[B, h, N]`` of every query on its sampled keys, in query chunks.
+        """The max-mean measurement ``[B, h, N]`` of every query on its sampled keys (no gradient: it only picks
+        the active queries). :meth:`measure_band` where the samples form bands (``gcd(B, N) = 1`` for the
+        sample multiplier B), else :meth:`measure_gather`; both compute the same N·U·d products.
 
-        It only picks the active queries (a top-u index, no gradient), so it runs without autograd and
-        gathers at most :attr:`CHUNK` sampled key vectors per image at a time instead of all ``[B, h, N, U, d]``.
+        Args:
+            q: queries ``[B, h, N, d]``.
+            k: keys ``[B, h, N, d]``.
+        """
+        if math.gcd(HASH_B, int(q.shape[2])) == 1:
+            return self.measure_band(q, k)
+        return self.measure_gather(q, k)
+
+    @torch.no_grad()
+    def measure_band(self, q: Tensor, k: Tensor) -> Tensor:
+        """The measurement as U shifted row products, without gathering ``[B, h, N, U, d]``.
+
+        Key ``s`` of query ``i`` is ``(i·A + s·B + l·L) mod N = ((p_i + s)·B) mod N`` with
+        ``p_i = (i·A + l·L)·B⁻¹ mod N``: in the key order ``p -> p·B mod N`` each query's U samples are the U
+        keys from position ``p_i`` on, and ``i -> p_i`` is a permutation (A is a prime above any N). So the
+        query whose band starts at p meets key ``p + s`` in the s-th product.
+
+        Args:
+            q: queries ``[B, h, N, d]``.
+            k: keys ``[B, h, N, d]``.
+        """
+        N = int(q.shape[2])  # a Python int: the modular inverses below are computed once, at trace time
+        U = sample_count(self.cfg.factor, N)
+        pos = torch.arange(N, device=q.device)
+        keys = k.index_select(2, pos * HASH_B % N)  # [B, h, N, d]: the key at order position p
+        keys = torch.cat([keys, keys[:, :, :U - 1]], 2)  # [B, h, N + U - 1, d]: bands past the end wrap around
+        first = (pos * HASH_B - self.sample_layer * HASH_L) % N * pow(HASH_A % N, -1, N) % N  # query of band p
+        rows = q.index_select(2, first)  # [B, h, N, d]
+        qk = torch.stack([torch.linalg.vecdot(rows, keys[:, :, s:s + N]) for s in range(U)], -1)  # [B, h, N, U]
+        by_band = qk.amax(dim=-1) - qk.sum(dim=-1) / N  # [B, h, N]
+        start = (pos * HASH_A + self.sample_layer * HASH_L) % N * pow(HASH_B, -1, N) % N  # [N] p_i
+        return by_band.index_select(2, start)  # [B, h, N]
+
+    @torch.no_grad()
+    def measure_gather(self, q: Tensor, k: Tensor) -> Tensor:
+        """The measurement from the gathered samples of :meth:`samples`, in query chunks of at most
+        :attr:`CHUNK` sampled key vectors per image (not all ``[B, h, N, U, d]`` at once).
 
         Args:
             q: queries ``[B, h, N, d]``.
