@@ -64,10 +64,12 @@ def test_a_finished_run_writes_its_record_and_a_rerun_skips_it(tmp_path):
     assert not (tmp_path / "run2" / "results.json").exists()  # nothing trained
 
 
-@pytest.mark.parametrize("model,label", [({"name": "vit_cifar"}, "vit_cifar"),
-                                         ({"name": "vit_cifar", "token_reduction": None}, "vit_cifar"),
-                                         ({"name": "vit_cifar", "token_reduction": "tome"}, "vit_cifar+tome"),
-                                         ({"name": "vit_small", "token_reduction": {"name": "evit"}}, "vit_small+evit")])
+@pytest.mark.parametrize("model,label", [
+    ({"name": "vit_cifar"}, "vit_cifar"),
+    ({"name": "vit_cifar", "token_reduction": None}, "vit_cifar"),
+    ({"name": "vit_cifar", "token_reduction": "tome"}, "vit_cifar+tome"),
+    ({"name": "vit_small", "token_reduction": {"name": "evit"}}, "vit_small+evit"),
+])
 def test_model_label_names_the_token_reducer(model, label):
     assert model_label(model) == label
 
