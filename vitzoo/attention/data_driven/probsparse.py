@@ -55,6 +55,7 @@ class ProbSparseAttention(QKVAttention):
     """
 
     formula = "4NC² + NUC + 2uNC"
+    BAND_CHUNK = 1 << 16  # query and key values per image a band product reads at once (512 bands at h·d = 128)
     CHUNK = 1 << 13  # sampled key vectors per image gathered at once by the measurement (query chunks)
 
     def __init__(self, cfg: ProbSparseConfig, ctx: MixerContext):
@@ -102,7 +103,13 @@ class ProbSparseAttention(QKVAttention):
         keys = torch.cat([keys, keys[:, :, :U - 1]], 2)  # [B, h, N + U - 1, d]: bands past the end wrap around
         first = (pos * HASH_B - self.sample_layer * HASH_L) % N * pow(HASH_A % N, -1, N) % N  # query of band p
         rows = q.index_select(2, first)  # [B, h, N, d]
-        qk = torch.stack([torch.linalg.vecdot(rows, keys[:, :, s:s + N]) for s in range(U)], -1)  # [B, h, N, U]
+        step = max(1, self.BAND_CHUNK // (q.shape[1] * q.shape[3]))  # bands per chunk: its rows and keys stay in cache
+        parts = []
+        for lo in range(0, N, step):
+            n = min(step, N - lo)
+            part = rows[:, :, lo:lo + n]  # [B, h, n, d]
+            parts.append(torch.stack([torch.linalg.vecdot(part, keys[:, :, lo + s:lo + s + n]) for s in range(U)], -1))
+        qk = torch.cat(parts, 2)  # [B, h, N, U]
         by_band = qk.amax(dim=-1) - qk.sum(dim=-1) / N  # [B, h, N]
         start = (pos * HASH_A + self.sample_layer * HASH_L) % N * pow(HASH_B, -1, N) % N  # [N] p_i
         return by_band.index_select(2, start)  # [B, h, N]
