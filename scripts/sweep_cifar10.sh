@@ -2,6 +2,7 @@
 # The CIFAR-10 ranking plan, resumable: every job leaves a record under RECORDS (commit them) and a job whose
 # record exists is skipped, so the script can be stopped and run again, on this machine or another.
 #   1. vit_cifar with every backend (or the comma-separated BACKENDS), 3 epochs, seed 0   -> RECORDS/3ep
+#      and vit_cifar + ToMe (model.token_reduction=tome) with global                     -> RECORDS/3ep/vit_cifar+tome
 #   2. 10 epochs: vit_cifar + global, vit_cifar + window, swin_cifar + window and the most accurate other
 #      backend at 3 epochs                                                               -> RECORDS/10ep
 #   3. seed 1 at 3 epochs for global, window and the three most accurate others          -> RECORDS/3ep
@@ -28,6 +29,7 @@ top() {  # top <k> <exclude>: the k most accurate vit_cifar backends at 3 epochs
 }
 
 run 3ep "attention=$BACKENDS" record_dir="$RECORDS/3ep"
+run 3ep_tome model.token_reduction=tome attention=global record_dir="$RECORDS/3ep"
 best=$(top 1 global,window)
 run 10ep_vit "attention=global,window${best:+,$best}" trainer.max_epochs=10 record_dir="$RECORDS/10ep"
 run 10ep_swin model=swin_cifar attention=window trainer.max_epochs=10 record_dir="$RECORDS/10ep"
