@@ -39,6 +39,8 @@ def parse_args(argv=None) -> BenchOptions:
     p.add_argument("--models", type=_list(str), default=d.models, help="comma-separated model variants")
     p.add_argument("--img-size", dest="img_sizes", type=_list(int), default=d.img_sizes,
                    help="comma-separated input sides (default: each model's own)")
+    p.add_argument("--token-reduction", default=d.token_reduction,
+                   help="models mode: model.token_reduction of every model (tome, evit, tokenlearner)")
     p.add_argument("--batch", dest="batches", type=_list(int), default=d.batches, help="comma-separated batch sizes")
     p.add_argument("--tokens", type=_list(int), default=d.tokens, help="layer mode: token counts (squares)")
     for name, what in (("dim", "channels C"), ("heads", "heads"), ("batch", "batch"),

@@ -140,6 +140,25 @@ def test_missing_reference_package_is_reported(tmp_path, monkeypatch):
     assert "not installed" in (tmp_path / "references.md").read_text()
 
 
+def test_token_reduction_rows_name_the_reduced_model(tmp_path):
+    """``--token-reduction tome``: the row is ``vit_cifar+tome`` (the training records' label, so the ranking
+    joins it), it costs fewer MACs than the plain model with measured = analytic, and no timm twin runs."""
+    rows = {}
+    for reduction in (None, "tome"):
+        out = tmp_path / str(reduction)
+        opts = BenchOptions(mode="models", attention=["global"], models=["vit_cifar"], img_sizes=[16], batches=[2],
+                            token_reduction=reduction, isolate=False, out=str(out), **TINY)
+        run_benchmark(opts, log=lambda msg: None)
+        (row,) = read_csv(out / "models.csv")
+        assert row["status"] == "ok" and _positive(row["train_img_s"])
+        assert float(row["gmacs"]) == pytest.approx(float(row["gmacs_analytic"]))
+        rows[reduction] = row
+        refs = read_csv(out / "references.csv") if (out / "references.csv").is_file() else []
+        assert [r["level"] for r in refs if r.get("status") == "ok"] == ([] if reduction else ["model"])
+    assert rows[None]["model"] == "vit_cifar" and rows["tome"]["model"] == "vit_cifar+tome"
+    assert float(rows["tome"]["gmacs"]) < float(rows[None]["gmacs"])
+
+
 def test_options_are_strict():
     """An unknown or bad option is a one-line ConfigError naming it."""
     with pytest.raises(ConfigError, match=r"^unknown option bench\.batch for BenchOptions") as exc:
@@ -150,6 +169,7 @@ def test_options_are_strict():
         ({"tokens": [1000]}, "--tokens 1000"),
         ({"repeats": 0}, "--repeats"),
         ({"amp": "fp16"}, "--amp"),
+        ({"token_reduction": "merge"}, "--token-reduction"),
     ):
         with pytest.raises(ConfigError, match="^" + name) as exc:
             BenchOptions.from_options(options)

@@ -21,6 +21,7 @@ from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.flops import count_flops
 from vitzoo.models import create_model
 from vitzoo.registry import ConfigError
+from vitzoo.training.records import model_label
 
 Row = dict[str, Any]
 
@@ -167,14 +168,17 @@ def model_job(job: Mapping[str, Any]) -> Row:
     """One backend × model × image size × batch (run inside a worker process).
 
     Args:
-        job: ``backend``, ``spec`` (attention options), ``model``, ``img_size``, ``batch`` and the common keys.
+        job: ``backend``, ``spec`` (attention options), ``model``, ``img_size``, ``batch``, optionally
+            ``token_reduction`` (the row's model is then ``<model>+<reducer>``), and the common keys.
     """
     setup = _Setup(job)
-    row: Row = {"backend": job["backend"], "model": job["model"], "img_size": job["img_size"],
-                "batch": job["batch"], **setup.info()}
+    reduction = job.get("token_reduction")
+    row: Row = {"backend": job["backend"], "model": model_label({"name": job["model"], "token_reduction": reduction}),
+                "img_size": job["img_size"], "batch": job["batch"], **setup.info()}
     what = "build"
     try:
-        model = create_model(job["model"], attention=job["spec"], img_size=job["img_size"]).to(setup.device)
+        model = create_model(job["model"], attention=job["spec"], img_size=job["img_size"],
+                             token_reduction=reduction).to(setup.device)
         row["tokens"] = (job["img_size"] // model.cfg.patch_size) ** 2 + getattr(model, "num_prefix", 0)
         row["params_m"] = _params(model) / 1e6
         steps = _ModelSteps(setup, model, job["batch"], job["img_size"], model.cfg)

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 
 from vitzoo.attention import list_attention
+from vitzoo.layers.token_reduction import REDUCTIONS
 from vitzoo.models import model_config
 from vitzoo.models.swin import SwinConfig
 from vitzoo.models.vit import ViTConfig
@@ -24,6 +25,9 @@ class BenchOptions:
         attention: backends to run (``None``: every registered backend).
         models: model variants (``vitzoo.list_models()``).
         img_sizes: input sides; empty = each model's own ``img_size``.
+        token_reduction: models mode: ``model.token_reduction`` of every model (``"tome"``, ``"evit"``,
+            ``"tokenlearner"`` at their defaults; ``None``: none); rows name the model ``<variant>+<reducer>``
+            like the training records, and the timm references are skipped.
         batches: training/inference batch sizes.
         tokens: token counts of the layer scaling mode (perfect squares: an s×s grid).
         layer_dim, layer_heads, layer_batch, layer_prefix, layer_window: the single layer's
@@ -53,6 +57,7 @@ class BenchOptions:
     attention: Optional[list[str]] = None
     models: list[str] = field(default_factory=lambda: ["vit_cifar", "swin_cifar"])
     img_sizes: list[int] = field(default_factory=list)
+    token_reduction: Optional[str] = None
     batches: list[int] = field(default_factory=lambda: [64])
     tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     layer_dim: int = 128
@@ -86,6 +91,9 @@ class BenchOptions:
         for n in self.tokens:
             if math.isqrt(n) ** 2 != n:
                 raise ConfigError(f"--tokens {n} is not a square: the layer runs on an s x s token grid")
+        if self.token_reduction is not None and self.token_reduction not in REDUCTIONS.names():
+            raise ConfigError(f"--token-reduction must be one of {', '.join(REDUCTIONS.names())} "
+                              f"(got {self.token_reduction!r})")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1 (got {self.repeats})")
 
