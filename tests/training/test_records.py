@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from helpers import compose_cfg
 
-from vitzoo.bench.ranking import BEGIN, END, aggregate, rank_records, top_backends
+from vitzoo.bench.ranking import BEGIN, END, _legend_sizes, aggregate, rank_records, top_backends
 from vitzoo.registry import ConfigError
 from vitzoo.training import train
 from vitzoo.training.records import model_label, read_records, record_path, wilson_interval, write_record
@@ -135,6 +135,12 @@ def test_ranking_joins_every_benchmark_run_under_the_folder(tmp_path):
     assert rows[("swin_cifar", "window")]["train_img_s"] == 200.0
     text = (tmp_path / "ranking.md").read_text()
     assert "swin_cifar/models.csv" in text and "vit_cifar/models.csv" in text
+
+
+@pytest.mark.parametrize("peaks,sizes", [([203.4, 468.1], [200, 500]), ([80.0, 95.0], [80, 100]),
+                                         ([350.0, 350.0], [400]), ([0.0], [])])
+def test_bubble_legend_sizes_span_the_peaks(peaks, sizes):
+    assert _legend_sizes(peaks) == sizes
 
 
 def test_ranking_of_an_empty_folder_is_one_line(tmp_path):

@@ -118,10 +118,13 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         ax.text(0.5, 0.5, "no benchmark rows to place the records on (run scripts/benchmark.py --mode models)",
                 ha="center", transform=ax.transAxes)
     top = max((r.get("train_peak_mb") or 0) for r in pts) if pts else 1.0
+
+    def area(mb: float) -> float:  # marker area grows with the training peak memory
+        return 40 + 1200 * (mb / top if top else 0.1)
+
     for r in pts:
         x, y = float(r["train_img_s"]), float(r["top1"])
-        size = 40 + 1200 * ((r.get("train_peak_mb") or 0) / top if top else 0.1)
-        ax.scatter(x, y, s=size, alpha=0.4, edgecolors="black", linewidths=0.6)
+        ax.scatter(x, y, s=area(r.get("train_peak_mb") or 0), alpha=0.4, edgecolors="black", linewidths=0.6)
         if r.get("ci_low") is not None:
             ax.errorbar(x, y, yerr=[[y - r["ci_low"]], [r["ci_high"] - y]], fmt="none", ecolor="grey", lw=1)
         ax.annotate(f"{r['attention']}" + ("" if r["model"] == "vit_cifar" else f" ({r['model']})"), (x, y),
@@ -131,7 +134,10 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         front = pareto_front(xy)
         ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "--", color="crimson", lw=1.5,
                 label="Pareto front (faster and more accurate)")
-        ax.legend(fontsize=8, loc="lower left")
+        for mb in _legend_sizes([r.get("train_peak_mb") or 0 for r in pts]):
+            ax.scatter([], [], s=area(mb), alpha=0.4, edgecolors="black", linewidths=0.6, color="grey",
+                       label=f"training peak {mb:.0f} MB")
+        ax.legend(fontsize=8, loc="lower left", labelspacing=1.5, borderpad=1.0)
     ax.set_xlabel("training images/s (scripts/benchmark.py, quiet machine)")
     ax.set_ylabel("top-1 validation accuracy (%), 95 % interval")
     ax.grid(True, alpha=0.3)
@@ -139,6 +145,14 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
+
+
+def _legend_sizes(peaks: Sequence[float]) -> list[float]:
+    """Two round memory sizes spanning ``peaks`` (MB) for the bubble legend (one where all are alike)."""
+    lo, hi = min(peaks), max(peaks)
+    step = 100 if hi >= 200 else 10
+    sizes = sorted({max(step, round(lo / step) * step), max(step, round(hi / step) * step)})
+    return sizes if hi > 0 else []
 
 
 def _budget_name(epochs: Any) -> str:
