@@ -113,7 +113,13 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     docs.write_text(f"# Results\n\n{BEGIN}\nold\n{END}\n\nafter\n")
     res = rank_records(tmp_path, docs=docs)
     rows = {(r["attention"], r["epochs"]): r for r in res["rows"]}
-    assert rows[("global", 3)]["top1"] == pytest.approx(61.0) and rows[("global", 3)]["seeds"] == "60.0 / 62.0"
+    assert rows[("global", 3)]["top1"] == pytest.approx(61.0)
+    cells = [f"{100 * a:.1f} ({100 * lo:.1f}–{100 * hi:.1f})"
+             for a in (0.60, 0.62) for lo, hi in [wilson_interval(a, 5000)]]
+    assert rows[("global", 3)]["seeds"] == " / ".join(cells)  # each seed with its own interval
+    low, high = wilson_interval(0.61, 5000)  # the mean's interval over the same 5,000 images
+    assert (rows[("global", 3)]["ci_low"], rows[("global", 3)]["ci_high"]) == pytest.approx((100 * low, 100 * high))
+    assert rows[("linear", 3)]["top1_ci95"] == "{:.1f}–{:.1f}".format(*(100 * v for v in wilson_interval(0.55, 5000)))
     assert rows[("linear", 3)]["train_img_s"] == 150.0 and rows[("linear", 3)]["train_peak_mb"] == 700
     assert rows[("window", 3)]["train_img_s"] is None  # not benchmarked: left empty, never guessed
     assert [r["attention"] for r in res["rows"] if r["epochs"] == 3] == ["global", "window", "linear"]

@@ -21,12 +21,12 @@ from matplotlib.figure import Figure
 from vitzoo.bench.compare import pareto_front
 from vitzoo.bench.report import markdown_table, write_csv
 from vitzoo.registry import ConfigError
-from vitzoo.training.records import read_records
+from vitzoo.training.records import read_records, wilson_interval
 
 BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"  # generated block in a Markdown file
 COLUMNS = ["attention", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
            "train_peak_mb", "precision", "commit"]
-HEADERS = {"top1": "top-1 % (record)", "top1_ci95": "95 % interval (record)", "seeds": "per seed %",
+HEADERS = {"top1": "top-1 % (record)", "top1_ci95": "95 % interval (record)", "seeds": "per seed % (interval)",
            "top5": "top-5 %", "train_img_s": "train img/s (benchmark)", "infer_img_s": "infer img/s (benchmark)",
            "train_peak_mb": "train peak MB (benchmark)"}
 
@@ -60,8 +60,22 @@ def read_benchmark(path: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
     return rows
 
 
+def _interval(accuracy: float, record: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """95 % interval over ``record``'s validation images of ``accuracy`` (a mean over seeds: same images)."""
+    n = record.get("val_images")
+    return wilson_interval(accuracy, int(n)) if n else (None, None)
+
+
+def _seed_cell(record: Mapping[str, Any]) -> str:
+    """``"56.4 (55.0–57.7)"``: one seed's top-1 % and its interval over the validation images."""
+    low, high = record.get("top1_ci95") or (None, None)
+    acc = f"{100 * float(record['top1']):.1f}"
+    return f"{acc} ({100 * low:.1f}–{100 * high:.1f})" if low is not None else acc
+
+
 def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (model, attention, epochs): the mean top-1 over seeds, each seed's top-1 and interval.
+    """One row per (model, attention, epochs): the mean top-1 over seeds with its interval over the validation
+    images, and (where several seeds exist) each seed's top-1 with its own interval.
 
     Args:
         records: :func:`vitzoo.training.records.read_records` output.
@@ -74,13 +88,15 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         recs = sorted(recs, key=lambda r: r.get("seed") or 0)
         accs = [100 * float(r["top1"]) for r in recs]
         first = recs[0]
-        low, high = first.get("top1_ci95") or (None, None)
+        mean = sum(accs) / len(accs)
+        low, high = _interval(mean / 100, first) if len(recs) > 1 else (first.get("top1_ci95") or (None, None))
         rows.append({
             "model": model, "attention": attention, "epochs": epochs, "img_size": first.get("img_size"),
-            "top1": sum(accs) / len(accs),
+            "top1": mean,
             "top1_ci95": f"{100 * low:.1f}–{100 * high:.1f}" if low is not None else None,
             "ci_low": 100 * low if low is not None else None, "ci_high": 100 * high if high is not None else None,
-            "seeds": " / ".join(f"{a:.1f}" for a in accs) if len(accs) > 1 else None,
+            "seeds": " / ".join(_seed_cell(r) for r in recs) if len(recs) > 1 else None,
+            "seed_top1": accs,
             "top5": 100 * float(first["top5"]) if first.get("top5") is not None else None,
             "precision": first.get("precision"), "commit": first.get("commit"), "cpu": first.get("cpu"),
             "val_images": first.get("val_images"), "images_seen": first.get("images_seen"),
@@ -127,6 +143,8 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         ax.scatter(x, y, s=area(r.get("train_peak_mb") or 0), alpha=0.4, edgecolors="black", linewidths=0.6)
         if r.get("ci_low") is not None:
             ax.errorbar(x, y, yerr=[[y - r["ci_low"]], [r["ci_high"] - y]], fmt="none", ecolor="grey", lw=1)
+        if len(r.get("seed_top1") or []) > 1:  # each seed's top-1: the seed spread next to the interval
+            ax.scatter([x] * len(r["seed_top1"]), r["seed_top1"], marker="_", s=120, color="black", lw=1.2)
         ax.annotate(f"{r['attention']}" + ("" if r["model"] == "vit_cifar" else f" ({r['model']})"), (x, y),
                     fontsize=8, ha="left", va="bottom", xytext=(4, 3), textcoords="offset points")
     if pts:
