@@ -10,7 +10,7 @@
 
 A record folder (``seed*.json`` files written by ``record_dir=``) gives ``ranking.md``, ``ranking.csv`` and one
 chart per budget (top-1 with its 95 % interval against training images/s from the benchmark's ``models.csv``,
-bubble area = training peak memory, Pareto front) in the folder (``--out``).
+bubble area = training peak memory, colour = attention family, Pareto front) in the folder (``--out``).
 
 Each job folder's ``results.json`` (written by ``train.py``) gives best validation accuracy,
 training and inference throughput, peak memory, parameters and GMACs. A job that failed, is still

@@ -10,7 +10,16 @@ import pytest
 from conftest import ROOT
 from helpers import compose_cfg
 
-from vitzoo.bench.ranking import BEGIN, END, _legend_sizes, aggregate, rank_records, top_backends
+from vitzoo.bench.ranking import (
+    BEGIN,
+    END,
+    UNREGISTERED,
+    _legend_sizes,
+    aggregate,
+    place_labels,
+    rank_records,
+    top_backends,
+)
 from vitzoo.registry import ConfigError
 from vitzoo.training import train
 from vitzoo.training.records import model_label, read_records, record_path, wilson_interval, write_record
@@ -125,7 +134,7 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     assert [r["attention"] for r in res["rows"] if r["epochs"] == 3] == ["global", "window", "linear"]
     assert {p.name for p in res["charts"]} == {"accuracy_vs_throughput_3ep.png", "accuracy_vs_throughput_10ep.png"}
     text = docs.read_text()
-    assert "old" not in text and text.endswith("after\n") and "| global | vit_cifar | 3 | 61.00 |" in text
+    assert "old" not in text and text.endswith("after\n") and "| global | dense | vit_cifar | 3 | 61.00 |" in text
     assert top_backends(tmp_path / "3ep", 1, exclude=["global"]) == ["window"]
 
 
@@ -147,6 +156,31 @@ def test_ranking_joins_every_benchmark_run_under_the_folder(tmp_path):
                                          ([350.0, 350.0], [400]), ([0.0], [])])
 def test_bubble_legend_sizes_span_the_peaks(peaks, sizes):
     assert _legend_sizes(peaks) == sizes
+
+
+def test_ranking_rows_name_the_family_from_the_registry(tmp_path):
+    """The family column comes from the backend's subpackage; a record of a removed backend still ranks."""
+    for name in ("global", "linear", "longformer", "mixer"):
+        _record(tmp_path, name, 0, 0.5)
+    _record(tmp_path, "retired_backend", 0, 0.5)
+    families = {r["attention"]: r["family"] for r in rank_records(tmp_path)["rows"]}
+    assert families == {"global": "dense", "linear": "linear", "longformer": "sparse", "mixer": "token_mixing",
+                        "retired_backend": UNREGISTERED}
+
+
+def _overlap(a, b):
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_chart_labels_of_close_bubbles_do_not_overlap():
+    """Four labels anchored at one point take the four free spots around it, inside the axes."""
+    anchors, widths, height = [(100.0, 100.0)] * 4, [40.0, 30.0, 50.0, 20.0], 10.0
+    offsets = place_labels(anchors, widths, height, (0.0, 0.0, 300.0, 300.0))
+    boxes = [(x + dx, y + dy, x + dx + w, y + dy + height) for (x, y), (dx, dy), w in zip(anchors, offsets, widths)]
+    assert all(not _overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    # at the right edge the label goes to the left of its point rather than outside the axes
+    (dx, _), = place_labels([(295.0, 100.0)], [40.0], height, (0.0, 0.0, 300.0, 300.0))
+    assert dx + 40.0 <= 0
 
 
 def test_ranking_of_an_empty_folder_is_one_line(tmp_path):

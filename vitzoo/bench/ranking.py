@@ -17,18 +17,23 @@ from pathlib import Path
 from typing import Any, Optional
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from vitzoo.attention import FAMILY_PACKAGES, attention_family
 from vitzoo.bench.compare import pareto_front
 from vitzoo.bench.report import markdown_table, write_csv
 from vitzoo.registry import ConfigError
 from vitzoo.training.records import read_records, wilson_interval
 
 BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"  # generated block in a Markdown file
-COLUMNS = ["attention", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
+COLUMNS = ["attention", "family", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
            "train_peak_mb", "precision", "commit"]
 HEADERS = {"top1": "top-1 % (record)", "top1_ci95": "95 % interval (record)", "seeds": "per seed % (interval)",
            "top5": "top-5 %", "train_img_s": "train img/s (benchmark)", "infer_img_s": "infer img/s (benchmark)",
            "train_peak_mb": "train peak MB (benchmark)"}
+FAMILY_COLORS = dict(zip(FAMILY_PACKAGES, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
+                                           "tab:brown")))  # one colour per attention family in the chart
+UNREGISTERED = "unregistered"  # the family of a record whose backend is no longer registered
 
 
 def _num(v: Any) -> Optional[float]:
@@ -58,6 +63,14 @@ def read_benchmark(path: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
                          "train_peak_mb": _num(r.get("train_peak_mb")), "bench_batch": r.get("batch"),
                          "bench_amp": r.get("amp")}
     return rows
+
+
+def family_of(attention: str) -> str:
+    """The family (subpackage) of a backend, or :data:`UNREGISTERED` for a record of a removed backend."""
+    try:
+        return attention_family(attention)
+    except ConfigError:
+        return UNREGISTERED
 
 
 def _interval(accuracy: float, record: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
@@ -91,7 +104,8 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         mean = sum(accs) / len(accs)
         low, high = _interval(mean / 100, first) if len(recs) > 1 else (first.get("top1_ci95") or (None, None))
         rows.append({
-            "model": model, "attention": attention, "epochs": epochs, "img_size": first.get("img_size"),
+            "model": model, "attention": attention, "family": family_of(attention), "epochs": epochs,
+            "img_size": first.get("img_size"),
             "top1": mean,
             "top1_ci95": f"{100 * low:.1f}–{100 * high:.1f}" if low is not None else None,
             "ci_low": 100 * low if low is not None else None, "ci_high": 100 * high if high is not None else None,
@@ -130,6 +144,10 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
     pts = [r for r in rows if r.get("train_img_s")]
     fig = Figure(figsize=(11, 6.5))
     ax = fig.subplots()
+    ax.set_xlabel("training images/s (scripts/benchmark.py, quiet machine)")
+    ax.set_ylabel("top-1 validation accuracy (%), 95 % interval")
+    ax.grid(True, alpha=0.3)
+    ax.set_title(title, fontsize=10)
     if not pts:
         ax.text(0.5, 0.5, "no benchmark rows to place the records on (run scripts/benchmark.py --mode models)",
                 ha="center", transform=ax.transAxes)
@@ -140,13 +158,13 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
 
     for r in pts:
         x, y = float(r["train_img_s"]), float(r["top1"])
-        ax.scatter(x, y, s=area(r.get("train_peak_mb") or 0), alpha=0.4, edgecolors="black", linewidths=0.6)
+        ax.scatter(x, y, s=area(r.get("train_peak_mb") or 0), alpha=0.45, edgecolors="black", linewidths=0.6,
+                   color=FAMILY_COLORS.get(r.get("family"), "grey"))
         if r.get("ci_low") is not None:
             ax.errorbar(x, y, yerr=[[y - r["ci_low"]], [r["ci_high"] - y]], fmt="none", ecolor="grey", lw=1)
         if len(r.get("seed_top1") or []) > 1:  # each seed's top-1: the seed spread next to the interval
             ax.scatter([x] * len(r["seed_top1"]), r["seed_top1"], marker="_", s=120, color="black", lw=1.2)
-        ax.annotate(f"{r['attention']}" + ("" if r["model"] == "vit_cifar" else f" ({r['model']})"), (x, y),
-                    fontsize=8, ha="left", va="bottom", xytext=(4, 3), textcoords="offset points")
+    _annotate(fig, ax, pts)
     if pts:
         xy = [(float(r["train_img_s"]), float(r["top1"])) for r in pts]
         front = pareto_front(xy)
@@ -155,14 +173,63 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         for mb in _legend_sizes([r.get("train_peak_mb") or 0 for r in pts]):
             ax.scatter([], [], s=area(mb), alpha=0.4, edgecolors="black", linewidths=0.6, color="grey",
                        label=f"training peak {mb:.0f} MB")
-        ax.legend(fontsize=8, loc="lower left", labelspacing=1.5, borderpad=1.0)
-    ax.set_xlabel("training images/s (scripts/benchmark.py, quiet machine)")
-    ax.set_ylabel("top-1 validation accuracy (%), 95 % interval")
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
+        sizes = ax.legend(fontsize=8, loc="lower left", labelspacing=1.5, borderpad=1.0)
+        families = [f for f in (*FAMILY_PACKAGES, UNREGISTERED) if any(r.get("family") == f for r in pts)]
+        ax.legend(handles=[Line2D([], [], ls="", marker="o", ms=8, alpha=0.45, mec="black",
+                                  color=FAMILY_COLORS.get(f, "grey"), label=f.replace("_", " ")) for f in families],
+                  fontsize=8, loc="upper left", title="family", title_fontsize=8, ncol=3)
+        ax.add_artist(sizes)
     fig.savefig(path, dpi=120)
     return path
+
+
+LABEL_PT = 8  # font size of the bubble labels (points)
+
+
+def place_labels(anchors: Sequence[tuple[float, float]], widths: Sequence[float], height: float,
+                 bounds: tuple[float, float, float, float]) -> list[tuple[float, float]]:
+    """Greedy, deterministic label placement: each label's box goes at the first of four spots around its anchor
+    (right-above, right-below, left-above, left-below) that overlaps no label placed before it and stays inside
+    ``bounds``; where none is free, right-above.
+
+    Args:
+        anchors: the points labelled, in points (1/72 inch) on the figure, in placement order.
+        widths: each label's width in points.
+        height: the labels' height in points.
+        bounds: ``(x0, y0, x1, y1)`` of the axes in points.
+    Returns:
+        The offset of each label box's lower-left corner from its anchor, in points.
+    """
+    placed: list[tuple[float, float, float, float]] = []
+    offsets = []
+    for (ax_, ay), w in zip(anchors, widths):
+        spots = [(4.0, 3.0), (4.0, -3.0 - height), (-4.0 - w, 3.0), (-4.0 - w, -3.0 - height)]
+        boxes = [(ax_ + dx, ay + dy, ax_ + dx + w, ay + dy + height) for dx, dy in spots]
+        free = [i for i, b in enumerate(boxes)
+                if b[0] >= bounds[0] and b[2] <= bounds[2] and b[1] >= bounds[1] and b[3] <= bounds[3]
+                and not any(b[0] < p[2] and p[0] < b[2] and b[1] < p[3] and p[1] < b[3] for p in placed)]
+        i = free[0] if free else 0
+        placed.append(boxes[i])
+        offsets.append(spots[i])
+    return offsets
+
+
+def _annotate(fig: Figure, ax: Any, pts: Sequence[Mapping[str, Any]]) -> None:
+    """Label each bubble with its backend, most accurate first, without labels overlapping where a spot is free."""
+    fig.tight_layout()
+    ax.autoscale_view()
+    ax.set_xlim(ax.get_xlim())  # freeze the limits: the placement is computed in these coordinates
+    ax.set_ylim(ax.get_ylim())
+    to_pt = 72.0 / fig.dpi
+    order = sorted(pts, key=lambda r: -float(r["top1"]))
+    names = [r["attention"] + ("" if r["model"] == "vit_cifar" else f" ({r['model']})") for r in order]
+    anchors = [tuple(v * to_pt for v in ax.transData.transform((float(r["train_img_s"]), float(r["top1"]))))
+               for r in order]
+    x0, y0, x1, y1 = (v * to_pt for v in ax.get_window_extent().extents)
+    offsets = place_labels(anchors, [0.55 * LABEL_PT * len(n) for n in names], 1.2 * LABEL_PT, (x0, y0, x1, y1))
+    for r, name, (dx, dy) in zip(order, names, offsets):
+        ax.annotate(name, (float(r["train_img_s"]), float(r["top1"])), fontsize=LABEL_PT, ha="left", va="bottom",
+                    xytext=(dx, dy), textcoords="offset points")
 
 
 def _legend_sizes(peaks: Sequence[float]) -> list[float]:
