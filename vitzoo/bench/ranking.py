@@ -188,9 +188,9 @@ LABEL_PT = 8  # font size of the bubble labels (points)
 
 def place_labels(anchors: Sequence[tuple[float, float]], widths: Sequence[float], height: float,
                  bounds: tuple[float, float, float, float]) -> list[tuple[float, float]]:
-    """Greedy, deterministic label placement: each label's box goes at the first of four spots around its anchor
-    (right-above, right-below, left-above, left-below) that overlaps no label placed before it and stays inside
-    ``bounds``; where none is free, right-above.
+    """Greedy, deterministic label placement: each label's box goes at the first spot around its anchor
+    (right-above, right-below, left-above, left-below, then the same one and two lines further out) that overlaps
+    no label placed before it and stays inside ``bounds``; where none is free, right-above.
 
     Args:
         anchors: the points labelled, in points (1/72 inch) on the figure, in placement order.
@@ -203,7 +203,9 @@ def place_labels(anchors: Sequence[tuple[float, float]], widths: Sequence[float]
     placed: list[tuple[float, float, float, float]] = []
     offsets = []
     for (ax_, ay), w in zip(anchors, widths):
-        spots = [(4.0, 3.0), (4.0, -3.0 - height), (-4.0 - w, 3.0), (-4.0 - w, -3.0 - height)]
+        spots = [(dx, dy) for k in range(3)  # four spots beside the point, then the same a line further out
+                 for dx, dy in ((4.0, 3.0 + k * height), (4.0, -3.0 - (k + 1) * height),
+                                (-4.0 - w, 3.0 + k * height), (-4.0 - w, -3.0 - (k + 1) * height))]
         boxes = [(ax_ + dx, ay + dy, ax_ + dx + w, ay + dy + height) for dx, dy in spots]
         free = [i for i, b in enumerate(boxes)
                 if b[0] >= bounds[0] and b[2] <= bounds[2] and b[1] >= bounds[1] and b[3] <= bounds[3]
@@ -226,7 +228,7 @@ def _annotate(fig: Figure, ax: Any, pts: Sequence[Mapping[str, Any]]) -> None:
     anchors = [tuple(v * to_pt for v in ax.transData.transform((float(r["train_img_s"]), float(r["top1"]))))
                for r in order]
     x0, y0, x1, y1 = (v * to_pt for v in ax.get_window_extent().extents)
-    offsets = place_labels(anchors, [0.55 * LABEL_PT * len(n) for n in names], 1.2 * LABEL_PT, (x0, y0, x1, y1))
+    offsets = place_labels(anchors, [0.62 * LABEL_PT * len(n) for n in names], 1.35 * LABEL_PT, (x0, y0, x1, y1))
     for r, name, (dx, dy) in zip(order, names, offsets):
         ax.annotate(name, (float(r["train_img_s"]), float(r["top1"])), fontsize=LABEL_PT, ha="left", va="bottom",
                     xytext=(dx, dy), textcoords="offset points")
