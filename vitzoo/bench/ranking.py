@@ -186,6 +186,11 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
 LABEL_PT = 8  # font size of the bubble labels (points)
 
 
+def _overlaps(a: Sequence[float], b: Sequence[float]) -> bool:
+    """True when boxes ``(x0, y0, x1, y1)`` ``a`` and ``b`` share area."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def place_labels(anchors: Sequence[tuple[float, float]], widths: Sequence[float], height: float,
                  bounds: tuple[float, float, float, float]) -> list[tuple[float, float]]:
     """Greedy, deterministic label placement: each label's box goes at the first spot around its anchor
@@ -202,14 +207,14 @@ def place_labels(anchors: Sequence[tuple[float, float]], widths: Sequence[float]
     """
     placed: list[tuple[float, float, float, float]] = []
     offsets = []
-    for (ax_, ay), w in zip(anchors, widths):
+    for (x, y), w in zip(anchors, widths):
         spots = [(dx, dy) for k in range(3)  # four spots beside the point, then the same a line further out
                  for dx, dy in ((4.0, 3.0 + k * height), (4.0, -3.0 - (k + 1) * height),
                                 (-4.0 - w, 3.0 + k * height), (-4.0 - w, -3.0 - (k + 1) * height))]
-        boxes = [(ax_ + dx, ay + dy, ax_ + dx + w, ay + dy + height) for dx, dy in spots]
+        boxes = [(x + dx, y + dy, x + dx + w, y + dy + height) for dx, dy in spots]
         free = [i for i, b in enumerate(boxes)
                 if b[0] >= bounds[0] and b[2] <= bounds[2] and b[1] >= bounds[1] and b[3] <= bounds[3]
-                and not any(b[0] < p[2] and p[0] < b[2] and b[1] < p[3] and p[1] < b[3] for p in placed)]
+                and not any(_overlaps(b, p) for p in placed)]
         i = free[0] if free else 0
         placed.append(boxes[i])
         offsets.append(spots[i])
