@@ -1,6 +1,7 @@
 """Files from strangers and careless hands: nothing written through a symlink or over another run's results,
 no network when loading a file, no allocation before the size checks, resume from the newest readable
-checkpoint with the RNG state restored, and prediction that reports a bad image and goes on."""
+checkpoint with the RNG state and the elapsed wall time restored, and prediction that reports a bad image and goes
+on."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ import vitzoo
 from vitzoo.export import Predictor, predict_files
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, train
-from vitzoo.training.resume import RngState, latest_checkpoint
+from vitzoo.training.resume import ElapsedTime, RngState, latest_checkpoint
 from vitzoo.untrusted import replace_file, write_new
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -222,6 +223,16 @@ def test_rng_state_round_trips():
     assert np.array_equal(got[1], expected[1]) and got[2] == expected[2]
 
 
+def test_elapsed_time_continues_from_the_checkpoint():
+    first = ElapsedTime()
+    time.sleep(0.02)
+    state = first.state_dict()
+    assert state["seconds"] >= 0.02
+    resumed = ElapsedTime()
+    resumed.load_state_dict(state)
+    assert state["seconds"] <= resumed.seconds() < state["seconds"] + 1.0
+
+
 STEPS = 3  # optimizer steps per epoch in the resume tests
 RESUME = ["data.augment=true", "model.drop_path_rate=0.3", f"trainer.limit_train_batches={STEPS}",
           "trainer.max_epochs=3", "trainer.deterministic=true", "callbacks.model_checkpoint.save_top_k=-1"]
@@ -253,7 +264,13 @@ def test_resume_with_augmentation_and_drop_path_is_bit_exact(newest, tmp_path, m
     assert {p.name for p in ckpts.glob("*.ckpt")} == {"best-epoch000.ckpt", "best-epoch001.ckpt", "last.ckpt"}
     if newest == "corrupt":
         (ckpts / "last.ckpt").write_bytes((ckpts / "last.ckpt").read_bytes()[:300])
+    kept = "last.ckpt" if newest == "intact" else "best-epoch001.ckpt"
+    before = torch.load(ckpts / kept, weights_only=True)["callbacks"]["ElapsedTime"]["seconds"]
+    start = time.perf_counter()
     resumed = run(tmp_path, *RESUME, "ckpt_path=auto", folder="resumed")
+    this_process = time.perf_counter() - start
+    # wall time counts the interrupted run up to its checkpoint and the resumed one
+    assert this_process < resumed["wall_s"] <= before + this_process
     assert Path(resumed["resumed_from"]).name == ("last.ckpt" if newest == "intact" else "best-epoch001.ckpt")
     a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(ckpts / "last.ckpt", weights_only=True)

@@ -1,5 +1,6 @@
 """Crash-safe training: ``ckpt_path=auto`` resume, atomic checkpoints, a CSV log that survives a resume,
-RNG state in checkpoints, a stop on non-finite loss, interrupt status and an all-or-nothing export.
+RNG state and elapsed wall time in checkpoints, a stop on non-finite loss, interrupt status and an all-or-nothing
+export.
 
 Each piece plugs into what Lightning already does (a ``CheckpointIO`` plugin, ``Callback`` state,
 a ``CSVLogger`` subclass) instead of replacing it.
@@ -13,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -314,6 +316,27 @@ class RngState(pl.Callback):
         np.random.set_state((kind, state_dict["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, cached))
         version, state, gauss = state_dict["python"]
         random.setstate((version, tuple(state), gauss))
+
+
+class ElapsedTime(pl.Callback):
+    """The run's wall-clock seconds summed over every resume: each checkpoint stores the seconds so far, and a
+    resumed run starts counting from them. Work lost after the last checkpoint of a killed run is not counted (it
+    is done again). Lightning's ``Timer`` counts only the training stage and is the one ``trainer.max_time`` adds,
+    so this counter has its own checkpoint key."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.before = 0.0  # seconds of the earlier runs, from the checkpoint resumed
+
+    def seconds(self) -> float:
+        """Seconds of the earlier runs plus this process's since the callback was made."""
+        return self.before + time.perf_counter() - self.start
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.before = float(state_dict.get("seconds", 0.0))
 
 
 def fsdp_strategy(

@@ -7,7 +7,6 @@ error before fit is a one-line ConfigError, so nothing trains on a bad config.
 from __future__ import annotations
 
 import json
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Optional
@@ -28,6 +27,7 @@ from vitzoo.training.module import VitModule
 from vitzoo.training.records import build_record, existing_record, model_label, record_path, write_record
 from vitzoo.training.resume import (
     AtomicCheckpointIO,
+    ElapsedTime,
     ResumableCSVLogger,
     RngState,
     StopOnNonFinite,
@@ -175,7 +175,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def _fit(
     cfg: DictConfig, out_dir: Path, results: ResultsFile, ckpt_path: Optional[str]
 ) -> tuple[dict[str, Any], VitModule]:
-    start = time.perf_counter()
+    clock = ElapsedTime()  # wall time, summed over resumes through the checkpoints
     container = OmegaConf.to_container(cfg, resolve=True)
     check_run_options(container)
     pl.seed_everything(container["seed"], workers=True, verbose=False)
@@ -197,7 +197,7 @@ def _fit(
         if isinstance(logger, ResumableCSVLogger):
             logger.resume_step = resume_step  # rows the killed run logged after the checkpoint are dropped
     speed = ImagesPerSecond()
-    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, StopOnNonFinite(), RngState()]
+    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, StopOnNonFinite(), RngState(), clock]
     trainer: pl.Trainer = safe_instantiate(
         cfg.trainer,
         "trainer",
@@ -241,7 +241,7 @@ def _fit(
         best_ckpt=best,
         val_images=validated_images(trainer, dm),
         export_dir=str(export_dir) if export_dir else None,
-        wall_s=time.perf_counter() - start,
+        wall_s=clock.seconds(),
         output_dir=str(out_dir),
     )
     if rank_zero_only.rank == 0:
