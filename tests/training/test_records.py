@@ -9,6 +9,7 @@ import os
 import pytest
 from conftest import ROOT
 from helpers import compose_cfg
+from matplotlib.legend import Legend
 
 from vitzoo.bench.ranking import (
     BEGIN,
@@ -18,6 +19,7 @@ from vitzoo.bench.ranking import (
     aggregate,
     place_labels,
     rank_records,
+    ranking_figure,
     top_backends,
 )
 from vitzoo.registry import ConfigError
@@ -181,6 +183,22 @@ def test_chart_labels_of_close_bubbles_do_not_overlap():
     # at the right edge the label goes to the left of its point rather than outside the axes
     (dx, _), = place_labels([(295.0, 100.0)], [40.0], height, (0.0, 0.0, 300.0, 300.0))
     assert dx + 40.0 <= 0
+
+
+def test_chart_legends_lie_right_of_the_axes():
+    """No bubble, interval or label can fall under a legend: both sit outside the plotting area."""
+    rows = [{"attention": a, "model": "vit_cifar", "family": f, "top1": t, "ci_low": t - 1.4, "ci_high": t + 1.4,
+             "train_img_s": s, "train_peak_mb": mb}
+            for a, f, t, s, mb in [("global", "dense", 68.4, 188.0, 337.0),
+                                   ("mixer", "token_mixing", 70.0, 396.0, 300.0)]]
+    fig = ranking_figure(rows, "test")
+    fig.canvas.draw()
+    ax, = fig.axes
+    legends = [a for a in ax.get_children() if isinstance(a, Legend)]
+    assert len(legends) == 2  # the families and the bubble sizes with the Pareto front
+    right = ax.get_window_extent().x1
+    assert all(leg.get_window_extent().x0 >= right for leg in legends)
+    assert all(leg.get_clip_path() is None or not leg.get_clip_on() for leg in legends)  # drawn, not clipped away
 
 
 def test_ranking_of_an_empty_folder_is_one_line(tmp_path):

@@ -134,11 +134,22 @@ def join_benchmark(rows: list[dict[str, Any]], bench: Mapping[tuple[str, str, in
 
 
 def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
-    """Top-1 against training images/s with 95 % intervals, bubble area = training peak memory, Pareto front.
+    """Write :func:`ranking_figure` to ``path`` (PNG), the legends right of the axes included.
 
     Args:
         rows: :func:`aggregate` rows of one budget, joined with the benchmark.
         path: PNG to write.
+        title: chart title (name the CPU and the budget).
+    """
+    ranking_figure(rows, title).savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def ranking_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figure:
+    """Top-1 against training images/s with 95 % intervals, bubble area = training peak memory, Pareto front.
+
+    Args:
+        rows: :func:`aggregate` rows of one budget, joined with the benchmark.
         title: chart title (name the CPU and the budget).
     """
     pts = [r for r in rows if r.get("train_img_s")]
@@ -164,7 +175,6 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
             ax.errorbar(x, y, yerr=[[y - r["ci_low"]], [r["ci_high"] - y]], fmt="none", ecolor="grey", lw=1)
         if len(r.get("seed_top1") or []) > 1:  # each seed's top-1: the seed spread next to the interval
             ax.scatter([x] * len(r["seed_top1"]), r["seed_top1"], marker="_", s=120, color="black", lw=1.2)
-    _annotate(fig, ax, pts)
     if pts:
         xy = [(float(r["train_img_s"]), float(r["top1"])) for r in pts]
         front = pareto_front(xy)
@@ -173,14 +183,15 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         for mb in _legend_sizes([r.get("train_peak_mb") or 0 for r in pts]):
             ax.scatter([], [], s=area(mb), alpha=0.4, edgecolors="black", linewidths=0.6, color="grey",
                        label=f"training peak {mb:.0f} MB")
-        sizes = ax.legend(fontsize=8, loc="lower left", labelspacing=1.5, borderpad=1.0)
+        # both legends right of the axes, where no bubble, interval or label can fall under them
+        sizes = ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.01, 0.0), labelspacing=1.5, borderpad=1.0)
         families = [f for f in (*FAMILY_PACKAGES, UNREGISTERED) if any(r.get("family") == f for r in pts)]
         ax.legend(handles=[Line2D([], [], ls="", marker="o", ms=8, alpha=0.45, mec="black",
                                   color=FAMILY_COLORS.get(f, "grey"), label=f.replace("_", " ")) for f in families],
-                  fontsize=8, loc="upper left", title="family", title_fontsize=8, ncol=3)
-        ax.add_artist(sizes)
-    fig.savefig(path, dpi=120)
-    return path
+                  fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="family", title_fontsize=8)
+        ax.add_artist(sizes).set_clip_on(False)  # add_artist clips to the axes; this legend lies outside them
+    _annotate(fig, ax, pts)
+    return fig
 
 
 LABEL_PT = 8  # font size of the bubble labels (points)
