@@ -178,7 +178,8 @@ def ranking_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figure:
     if pts:
         xy = [(float(r["train_img_s"]), float(r["top1"])) for r in pts]
         front = pareto_front(xy)
-        ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "--", color="crimson", lw=1.5,
+        ax.plot([xy[i][0] for i in front], [xy[i][1] for i in front], "--", color="crimson", lw=1.5, marker="D",
+                ms=6, mfc="none",  # the marker shows a front of one point too
                 label="Pareto front (faster and more accurate)")
         for mb in _legend_sizes([r.get("train_peak_mb") or 0 for r in pts]):
             ax.scatter([], [], s=area(mb), alpha=0.4, edgecolors="black", linewidths=0.6, color="grey",
