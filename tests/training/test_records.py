@@ -95,10 +95,10 @@ def test_a_token_reducing_run_keeps_its_own_record(tmp_path):
     assert (tmp_path / "tome" / "results.json").exists()  # trained, not skipped by the plain run's record
 
 
-def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar"):
+def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar", top5=0.95, commit="abc1234"):
     rec = {"version": 1, "model": model, "attention": attention, "seed": seed, "img_size": 32, "epochs": epochs,
-           "top1": top1, "top1_ci95": list(wilson_interval(top1, 5000)), "top5": 0.95, "val_images": 5000,
-           "precision": "bf16-mixed", "commit": "abc1234", "cpu": "Test CPU", "wall_s": 600.0}
+           "top1": top1, "top1_ci95": list(wilson_interval(top1, 5000)), "top5": top5, "val_images": 5000,
+           "precision": "bf16-mixed", "commit": commit, "cpu": "Test CPU", "wall_s": 600.0}
     write_record(record_path(folder / f"{epochs}ep", model, attention, seed), rec)
 
 
@@ -115,7 +115,7 @@ def _benchmark(path, rows, model="vit_cifar"):
 
 def test_ranking_joins_records_with_the_benchmark(tmp_path):
     _record(tmp_path, "global", 0, 0.60)
-    _record(tmp_path, "global", 1, 0.62)
+    _record(tmp_path, "global", 1, 0.62, top5=0.97, commit="def5678")
     _record(tmp_path, "linear", 0, 0.55)
     _record(tmp_path, "window", 0, 0.58)
     _record(tmp_path, "global", 0, 0.70, epochs=10)
@@ -128,6 +128,8 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     cells = [f"{100 * a:.1f} ({100 * lo:.1f}–{100 * hi:.1f})"
              for a in (0.60, 0.62) for lo, hi in [wilson_interval(a, 5000)]]
     assert rows[("global", 3)]["seeds"] == " / ".join(cells)  # each seed with its own interval
+    assert rows[("global", 3)]["top5"] == pytest.approx(96.0)  # the mean, like top-1
+    assert rows[("global", 3)]["commit"] == "abc1234, def5678"  # every seed's commit
     low, high = wilson_interval(0.61, 5000)  # the mean's interval over the same 5,000 images
     assert (rows[("global", 3)]["ci_low"], rows[("global", 3)]["ci_high"]) == pytest.approx((100 * low, 100 * high))
     assert rows[("linear", 3)]["top1_ci95"] == "{:.1f}–{:.1f}".format(*(100 * v for v in wilson_interval(0.55, 5000)))

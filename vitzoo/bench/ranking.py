@@ -86,9 +86,14 @@ def _seed_cell(record: Mapping[str, Any]) -> str:
     return f"{acc} ({100 * low:.1f}–{100 * high:.1f})" if low is not None else acc
 
 
+def _mean(values: Sequence[float]) -> Optional[float]:
+    """The mean of ``values`` (None when empty)."""
+    return sum(values) / len(values) if values else None
+
+
 def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (model, attention, epochs): the mean top-1 over seeds with its interval over the validation
-    images, and (where several seeds exist) each seed's top-1 with its own interval.
+    """One row per (model, attention, epochs): the mean top-1 and top-5 over seeds, the top-1 interval over the
+    validation images, (where several seeds exist) each seed's top-1 with its own interval, and every commit.
 
     Args:
         records: :func:`vitzoo.training.records.read_records` output.
@@ -111,8 +116,9 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "ci_low": 100 * low if low is not None else None, "ci_high": 100 * high if high is not None else None,
             "seeds": " / ".join(_seed_cell(r) for r in recs) if len(recs) > 1 else None,
             "seed_top1": accs,
-            "top5": 100 * float(first["top5"]) if first.get("top5") is not None else None,
-            "precision": first.get("precision"), "commit": first.get("commit"), "cpu": first.get("cpu"),
+            "top5": _mean([100 * float(r["top5"]) for r in recs if r.get("top5") is not None]),
+            "precision": first.get("precision"), "cpu": first.get("cpu"),
+            "commit": ", ".join(dict.fromkeys(str(r["commit"]) for r in recs if r.get("commit"))) or None,
             "val_images": first.get("val_images"), "images_seen": first.get("images_seen"),
             "wall_s": sum(float(r.get("wall_s") or 0) for r in recs)})
     return sorted(rows, key=lambda r: (r["epochs"] or 0, -r["top1"], r["attention"]))
