@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any, Optional
 
 from matplotlib.figure import Figure
@@ -86,11 +87,6 @@ def _seed_cell(record: Mapping[str, Any]) -> str:
     return f"{acc} ({100 * low:.1f}–{100 * high:.1f})" if low is not None else acc
 
 
-def _mean(values: Sequence[float]) -> Optional[float]:
-    """The mean of ``values`` (None when empty)."""
-    return sum(values) / len(values) if values else None
-
-
 def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per (model, attention, epochs): the mean top-1 and top-5 over seeds, the top-1 interval over the
     validation images, (where several seeds exist) each seed's top-1 with its own interval, and every commit.
@@ -105,6 +101,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for (model, attention, epochs), recs in groups.items():
         recs = sorted(recs, key=lambda r: r.get("seed") or 0)
         accs = [100 * float(r["top1"]) for r in recs]
+        top5 = [100 * float(r["top5"]) for r in recs if r.get("top5") is not None]
         first = recs[0]
         mean = sum(accs) / len(accs)
         low, high = _interval(mean / 100, first) if len(recs) > 1 else (first.get("top1_ci95") or (None, None))
@@ -116,7 +113,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "ci_low": 100 * low if low is not None else None, "ci_high": 100 * high if high is not None else None,
             "seeds": " / ".join(_seed_cell(r) for r in recs) if len(recs) > 1 else None,
             "seed_top1": accs,
-            "top5": _mean([100 * float(r["top5"]) for r in recs if r.get("top5") is not None]),
+            "top5": fmean(top5) if top5 else None,
             "precision": first.get("precision"), "cpu": first.get("cpu"),
             "commit": ", ".join(dict.fromkeys(str(r["commit"]) for r in recs if r.get("commit"))) or None,
             "val_images": first.get("val_images"), "images_seen": first.get("images_seen"),
