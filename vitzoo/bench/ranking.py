@@ -103,7 +103,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         accs = [100 * float(r["top1"]) for r in recs]
         top5 = [100 * float(r["top5"]) for r in recs if r.get("top5") is not None]
         first = recs[0]
-        mean = sum(accs) / len(accs)
+        mean = fmean(accs)
         low, high = _interval(mean / 100, first) if len(recs) > 1 else (first.get("top1_ci95") or (None, None))
         rows.append({
             "model": model, "attention": attention, "family": family_of(attention), "epochs": epochs,
