@@ -139,6 +139,7 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     assert {p.name for p in res["charts"]} == {"accuracy_vs_throughput_3ep.png", "accuracy_vs_throughput_10ep.png"}
     text = docs.read_text()
     assert "old" not in text and text.endswith("after\n") and "| global | dense | vit_cifar | 3 | 61.00 |" in text
+    assert "(4 runs in 3 rows, 0.7 hours of training wall time" in text  # both seeds of global count, 600 s each
     assert top_backends(tmp_path / "3ep", 1, exclude=["global"]) == ["window"]
 
 
