@@ -116,7 +116,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "top5": fmean(top5) if top5 else None,
             "precision": first.get("precision"), "cpu": first.get("cpu"),
             "commit": ", ".join(dict.fromkeys(str(r["commit"]) for r in recs if r.get("commit"))) or None,
-            "val_images": first.get("val_images"), "images_seen": first.get("images_seen"), "runs": len(recs),
+            "val_images": first.get("val_images"), "images_seen": first.get("images_seen"),
             "wall_s": sum(float(r.get("wall_s") or 0) for r in recs)})
     return sorted(rows, key=lambda r: (r["epochs"] or 0, -r["top1"], r["attention"]))
 
@@ -315,7 +315,7 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
     join_benchmark(rows, bench)
     out = Path(out) if out else folder
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, COLUMNS + ["img_size", "val_images", "images_seen", "runs", "wall_s", "cpu"], out / "ranking.csv")
+    write_csv(rows, COLUMNS + ["img_size", "val_images", "images_seen", "wall_s", "cpu"], out / "ranking.csv")
     cpus = sorted({str(r.get("cpu")) for r in rows})
     parts, charts = [], []
     for epochs in sorted({r["epochs"] for r in rows}, key=lambda e: e or 0):
@@ -325,7 +325,7 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
                            f"{', '.join(cpus)}")
         charts.append(png)
         hours = sum(r["wall_s"] for r in sub) / 3600
-        runs = sum(r["runs"] for r in sub)
+        runs = sum(len(r["seed_top1"]) for r in sub)  # one top-1 per record
         parts.append(f"**{_budget_name(epochs)}** ({runs} run{'s' if runs != 1 else ''} in {len(sub)} "
                      f"row{'s' if len(sub) != 1 else ''}, "
                      f"{hours:.1f} hours of training wall time, pauses included)\n\n{_fmt(sub)}\n\n"
