@@ -1,4 +1,5 @@
-"""Checks for data read back from files vitzoo wrote (exports, checkpoints): plain data, never code.
+"""Checks for data read back from files vitzoo wrote (exports, checkpoints): plain data, never code; and the
+writes every command shares: a new file, an atomic replace, a folder written atomically, none through a symlink.
 
 No Lightning import here: :func:`vitzoo.load_model` uses it for inference-only installs.
 """
@@ -6,13 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Union
 
 import torch
 
+from vitzoo.fileio import atomic_write_text
 from vitzoo.registry import ConfigError
 
 PLAIN = (str, int, float, bool, type(None))
@@ -187,7 +192,7 @@ def write_new(path: Union[str, Path], text: str) -> Path:
 
 
 def replace_file(path: Union[str, Path], text: str) -> Path:
-    """Write ``text`` to ``path`` atomically: into a fresh ``<name>.tmp`` then renamed over ``path``.
+    """Write ``text`` to ``path`` atomically: into a fresh temporary file beside it, then renamed over ``path``.
 
     A symlink at ``path`` is replaced by the file, its target is left alone.
 
@@ -195,13 +200,7 @@ def replace_file(path: Union[str, Path], text: str) -> Path:
         path: the file to write.
         text: its content.
     """
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)  # a stale temporary file (or a symlink planted there): the link itself goes
-    write_new(tmp, text)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, text)  # the one atomic writer (vitzoo.fileio)
 
 
 def free_path(path: Union[str, Path]) -> Path:
@@ -216,3 +215,59 @@ def free_path(path: Union[str, Path]) -> Path:
         if not os.path.lexists(candidate):
             return candidate
     raise ConfigError(f"{path}: no free name left beside it; clean up the folder")
+
+
+def file_mode() -> int:
+    """The mode a new regular file gets under the process's umask (``0o644`` under the usual ``022``)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_folder(write: Callable[[Path], Any], out: Union[str, Path], remove: Collection[str] = ()) -> Path:
+    """Write files into the folder ``out`` atomically, and nowhere else.
+
+    ``write`` fills a fresh staging folder inside ``out`` (same file system); only when it returns is each
+    file moved into ``out`` by a rename (``os.replace``), so ``out`` never holds a half-written file and a
+    failure leaves it as it was (a folder this call created is removed again). A symlink at a file's name
+    is replaced by the file, its target left alone. Files get the umask's mode (:func:`file_mode`).
+
+    Args:
+        write: writes the files into the folder it is given.
+        out: the folder; created when missing. A symlink or anything but a folder is refused.
+        remove: names in ``out`` to delete after the move when ``write`` did not write them (files or
+            symlinks only; nothing else in ``out`` is touched).
+    """
+    out = Path(out)
+    if out.is_symlink():
+        raise ConfigError(f"{out} is a symlink; vitzoo writes only into real folders")
+    if os.path.lexists(out) and not out.is_dir():
+        raise ConfigError(f"{out} is a file, not a folder; choose a folder to write into")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        write(staging)
+        names = sorted(p.name for p in staging.iterdir())
+        for name in names:
+            if (out / name).is_dir() and not (out / name).is_symlink():
+                raise ConfigError(f"{out / name} is a folder; remove it to write {name} there")
+        mode = file_mode()
+        for name in names:
+            if (staging / name).is_file():
+                os.chmod(staging / name, mode)
+            os.replace(staging / name, out / name)
+        for name in set(remove) - set(names):
+            target = out / name
+            if target.is_symlink() or (target.exists() and stat.S_ISREG(target.lstat().st_mode)):
+                target.unlink()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            try:
+                out.rmdir()  # the folder this call made, if nothing else came into it
+            except OSError:
+                pass
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return out
