@@ -1,6 +1,6 @@
 """Builders shared by the tests: composed Hydra configs, a folder of images in ImageNet layout, the
-``train.py`` / ``eval.py`` subprocess runner, the loader of ``scripts/`` and ``tools/`` files, and the
-perturbation probe of the attention-pattern oracles (which input token moves which output, per head)."""
+``train.py`` / ``eval.py`` subprocess runner, a fake clock for the timers, the loader of ``scripts/`` and ``tools/``
+files, and the perturbation probe of the attention-pattern oracles (which input token moves which output, per head)."""
 from __future__ import annotations
 
 import csv
@@ -53,6 +53,24 @@ def run_entry(script: str, *args: str, env: dict | None = None, cwd: Path = ROOT
     full_env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, script, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+class FakeClock:
+    """A clock for timer tests: it reads ``now`` and moves only when the test calls :meth:`advance`.
+
+    Args:
+        start: the first reading in seconds.
+    """
+
+    def __init__(self, start: float = 1000.0):
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        self.now += seconds
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

@@ -4,7 +4,6 @@ a sweep summary at the end of a multirun (Hydra)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,15 +13,22 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
 from pytorch_lightning.callbacks import EMAWeightAveraging
 
+from vitzoo.training.segments import Clock, FitState, wall_clock
 
-class ImagesPerSecond(pl.Callback):
+
+class ImagesPerSecond(FitState):
     """Training throughput in images/s: from the end of one step to the end of the next (data loading
-    included); the first step of an epoch or after validation counts from its own start. The run's
-    very first step (lazy initialisation) is not timed. Logs ``train/images_per_s`` once per epoch;
-    :attr:`images_per_s` is the average over the whole run.
+    included); the first step of an epoch or after validation counts from its own start. The first step of
+    each process (lazy initialisation) is not timed. Logs ``train/images_per_s`` once per epoch;
+    :attr:`images_per_s` is the average over the whole run, all its segments: every checkpoint holds the images
+    and seconds timed up to its writing, and a resumed fit counts on from them.
+
+    Args:
+        clock: seconds of a monotonic clock (None: :func:`vitzoo.training.segments.wall_clock`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Optional[Clock] = None) -> None:
+        self.clock = clock or wall_clock
         self.images, self.seconds, self.steps = 0, 0.0, 0
         self._epoch_images, self._epoch_seconds = 0, 0.0
         self._last: Optional[float] = None
@@ -30,12 +36,20 @@ class ImagesPerSecond(pl.Callback):
 
     @property
     def images_per_s(self) -> Optional[float]:
-        return self.images / self.seconds if self.seconds > 0 else None
+        images, seconds = self.images + self._epoch_images, self.seconds + self._epoch_seconds
+        return images / seconds if seconds > 0 else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"images": self.images + self._epoch_images, "seconds": self.seconds + self._epoch_seconds}
+
+    def restore(self, state_dict: dict[str, Any]) -> None:
+        self.images, self.seconds = int(state_dict.get("images", 0)), float(state_dict.get("seconds", 0.0))
+        self._epoch_images, self._epoch_seconds = 0, 0.0
 
     def _now(self, pl_module: pl.LightningModule) -> float:
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
-        return time.perf_counter()
+        return self.clock()
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last, self._epoch_images, self._epoch_seconds = None, 0, 0.0
@@ -59,10 +73,11 @@ class ImagesPerSecond(pl.Callback):
         self._last = now
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.images += self._epoch_images
-        self.seconds += self._epoch_seconds
-        if self._epoch_seconds > 0:
-            pl_module.log("train/images_per_s", self._epoch_images / self._epoch_seconds, on_epoch=True, sync_dist=True)
+        images, seconds = self._epoch_images, self._epoch_seconds
+        self.images, self.seconds = self.images + images, self.seconds + seconds
+        self._epoch_images, self._epoch_seconds = 0, 0.0
+        if seconds > 0:
+            pl_module.log("train/images_per_s", images / seconds, on_epoch=True, sync_dist=True)
 
 
 class EMA(EMAWeightAveraging):

@@ -1,5 +1,5 @@
 """Crash-safe training: ``ckpt_path=auto`` resume, atomic checkpoints, a CSV log that survives a resume,
-RNG state and elapsed wall time in checkpoints, a stop on non-finite loss, interrupt status and an all-or-nothing
+RNG state in checkpoints, a stop on non-finite loss, interrupt status and an all-or-nothing
 export.
 
 Each piece plugs into what Lightning already does (a ``CheckpointIO`` plugin, ``Callback`` state,
@@ -13,8 +13,6 @@ import io
 import json
 import os
 import random
-import shutil
-import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -318,27 +316,6 @@ class RngState(pl.Callback):
         random.setstate((version, tuple(state), gauss))
 
 
-class ElapsedTime(pl.Callback):
-    """The run's wall-clock seconds summed over every resume: each checkpoint stores the seconds so far, and a
-    resumed run starts counting from them. Work lost after the last checkpoint of a killed run is not counted (it
-    is done again). Lightning's ``Timer`` counts only the training stage and is the one ``trainer.max_time`` adds,
-    so this counter has its own checkpoint key."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.before = 0.0  # seconds of the earlier runs, from the checkpoint resumed
-
-    def seconds(self) -> float:
-        """Seconds of the earlier runs plus this process's since the callback was made."""
-        return self.before + time.perf_counter() - self.start
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seconds": self.seconds()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.before = float(state_dict.get("seconds", 0.0))
-
-
 def fsdp_strategy(
     sharding_strategy: str = "FULL_SHARD",
     state_dict_type: str = "full",
@@ -367,24 +344,19 @@ def fsdp_strategy(
 
 
 def write_export(write: Any, out_dir: Path) -> None:
-    """Run ``write(folder)`` into ``<out_dir>.tmp`` and rename it to ``out_dir``: all files or none.
+    """Run ``write(out_dir)``, an atomic export (``export_model(..., replace=True)``, built on
+    :func:`vitzoo.untrusted.write_folder`): all files or none.
 
-    A full disk (or any OSError) removes the partial folder and is a one-line ConfigError naming ``export``.
+    A full disk (or any OSError) leaves the folder as it was and is a one-line ConfigError naming ``export``.
 
     Args:
         write: writes the export into the folder it is given (e.g. ``partial(export_model, net, data=...)``).
         out_dir: the export folder.
     """
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        write(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        write(out_dir)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
         raise ConfigError(
             f"could not write the export to {out_dir} ({reason}); free space there or set export=false "

@@ -27,7 +27,6 @@ from vitzoo.training.module import VitModule
 from vitzoo.training.records import build_record, existing_record, model_label, record_path, write_record
 from vitzoo.training.resume import (
     AtomicCheckpointIO,
-    ElapsedTime,
     ResumableCSVLogger,
     RngState,
     StopOnNonFinite,
@@ -39,6 +38,7 @@ from vitzoo.training.resume import (
 )
 from vitzoo.training.run_checks import check_run_options
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
+from vitzoo.training.segments import ElapsedTime, TrainingPeakMemory
 from vitzoo.training.utils import (
     ResultsFile,
     benchmark_config,
@@ -196,8 +196,8 @@ def _fit(
     for logger in loggers:
         if isinstance(logger, ResumableCSVLogger):
             logger.resume_step = resume_step  # rows the killed run logged after the checkpoint are dropped
-    speed = ImagesPerSecond()
-    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, StopOnNonFinite(), RngState(), clock]
+    speed, peak = ImagesPerSecond(clock.clock), TrainingPeakMemory()  # both carried across resumes, like clock
+    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, peak, StopOnNonFinite(), RngState(), clock]
     trainer: pl.Trainer = safe_instantiate(
         cfg.trainer,
         "trainer",
@@ -210,8 +210,9 @@ def _fit(
     # start with memory the allocator kept from earlier ones: memory tables run one process per job
     memory = PeakMemory(trainer.strategy.root_device)
     memory.start()
+    peak.this_process = memory.peak_mb
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-    train_peak_mb = memory.peak_mb()
+    train_peak_mb = peak.peak_mb()  # the largest of every segment's
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
@@ -242,6 +243,7 @@ def _fit(
         val_images=validated_images(trainer, dm),
         export_dir=str(export_dir) if export_dir else None,
         wall_s=clock.seconds(),
+        segments=clock.segments,
         output_dir=str(out_dir),
     )
     if rank_zero_only.rank == 0:
