@@ -1,0 +1,107 @@
+#!/usr/bin/env python
+"""The recipe's ablation table: every tuning run of ``vit_cifar`` + ``global`` on CIFAR-10, from its record.
+
+Each tuning run is one ``train.py`` job with ``record_dir=results/cifar10_tuning/<tag>``; its record holds the
+exact command. The table lists, per run, the levers it changes against the short recipe (the overrides of its
+command beyond the common ones), top-1 with its 95 % interval over the validation images, flip-TTA top-1 where
+it was measured, and the difference to the short recipe's own runs (``results/cifar10/3ep``, the mean of its
+seeds). Runs are listed in tag order (the order they were tried).
+
+    python scripts/ablation.py                                  # print the table
+    python scripts/ablation.py --docs docs/results.md           # refresh the generated block there
+    python scripts/ablation.py --docs docs/results.md --check   # fail if the block differs from the records
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+from vitzoo.fileio import atomic_write_text, read_regular_text
+from vitzoo.registry import ConfigError
+
+BEGIN, END = "<!-- cifar10-ablation:begin -->", "<!-- cifar10-ablation:end -->"
+COMMON = ("experiment=", "export=", "benchmark.", "record_dir=", "+callbacks.flip_tta")  # not levers
+
+
+def read(path: Path) -> dict:
+    """One record (JSON object) or a one-line error naming the file."""
+    try:
+        rec = json.loads(read_regular_text(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not a readable record ({type(e).__name__})") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("top1"), float):
+        raise ConfigError(f"{path}: not a result record (top1 missing)")
+    return rec
+
+
+def levers(command: str) -> str:
+    """The overrides of a tuning command that change the recipe (``+model.stem=conv`` -> ``model.stem=conv``)."""
+    words = shlex.split(command or "")[2:]  # drop "python train.py"
+    kept = [w.lstrip("+") for w in words if not w.startswith(COMMON)]
+    return ", ".join(f"`{w}`" for w in kept) or "(the short recipe)"
+
+
+def table(tuning: Path, baseline: Path) -> str:
+    """The Markdown block: a header line naming machine and date, then one row per tuning run."""
+    base = [read(p) for p in sorted(baseline.glob("seed*.json"))]
+    runs = sorted(tuning.glob("*/vit_cifar/global/seed*.json"))
+    if not base or not runs:
+        raise ConfigError(f"no records under {baseline} or {tuning}/<tag>/vit_cifar/global/")
+    ref = statistics.fmean(r["top1"] for r in base)
+    recs = [(p.parts[-4], read(p)) for p in runs]
+    cpus = sorted({r.get("cpu", "?") for _, r in recs})
+    dates = sorted({r.get("date", "?") for _, r in recs})
+    lines = [
+        f"`vit_cifar` + `global`, CIFAR-10, 3 epochs, seed 0, {recs[0][1].get('val_images')} validation images, "
+        f"{recs[0][1].get('precision')}; {', '.join(cpus)}; {dates[0]} to {dates[-1]}. Short recipe "
+        f"(`experiment=cifar10_short`): {100 * ref:.2f} % (mean of {len(base)} seeds). Regenerate: "
+        "`python scripts/ablation.py --docs docs/results.md`.",
+        "",
+        "| run | levers on top of `experiment=cifar10_short` | top-1 % (95 % CI) | Δ short | flip TTA % | commit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for tag, r in recs:
+        low, high = r["top1_ci95"]
+        tta = f"{100 * r['top1_tta']:.2f}" if isinstance(r.get("top1_tta"), float) else "–"
+        lines.append(f"| {tag} | {levers(r.get('command'))} | {100 * r['top1']:.2f} ({100 * low:.1f}–{100 * high:.1f}) "
+                     f"| {100 * (r['top1'] - ref):+.2f} | {tta} | {r.get('commit')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tuning", default="results/cifar10_tuning", help="folder of tuning records (<tag>/...)")
+    p.add_argument("--baseline", default="results/cifar10/3ep/vit_cifar/global", help="the short recipe's records")
+    p.add_argument("--docs", default=None, help="Markdown file whose generated ablation block is replaced")
+    p.add_argument("--check", action="store_true", help="with --docs: fail if the block differs, write nothing")
+    a = p.parse_args(argv)
+    try:
+        block = table(Path(a.tuning), Path(a.baseline))
+        if not a.docs:
+            print(block)
+            return 0
+        text = read_regular_text(a.docs)
+        if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+            raise ConfigError(f"--docs {a.docs}: needs one {BEGIN} line followed by one {END} line")
+        head, rest = text.split(BEGIN)
+        new = f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}"
+        if a.check:
+            if new != text:
+                print(f"{a.docs}: the ablation block differs from the records; regenerate it", file=sys.stderr)
+                return 1
+            return 0
+        if new != text:
+            atomic_write_text(a.docs, new)
+        print(f"wrote the ablation block of {a.docs}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
