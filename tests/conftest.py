@@ -123,6 +123,15 @@ def attention_name(request):
     return request.param
 
 
+@pytest.fixture(scope="session")
+def bf16_native() -> bool:
+    """Whether this CPU computes bfloat16 natively (checked once per session; ``VITZOO_TEST_BF16`` forces it):
+    bf16 tests scale their sizes down where it is emulated."""
+    from helpers import native_bf16
+
+    return native_bf16()
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from a second thread, and on a shared 2-core machine it costs a lot."""

@@ -55,6 +55,20 @@ def run_entry(script: str, *args: str, env: dict | None = None, cwd: Path = ROOT
                           timeout=timeout)
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``); elsewhere
+    bf16 matmuls are emulated and several times slower, so the bf16 tests run smaller there. The environment
+    variable ``VITZOO_TEST_BF16=native`` or ``=emulated`` decides instead (e.g. to run the emulated sizes here)."""
+    forced = os.environ.get("VITZOO_TEST_BF16", "").strip().lower()
+    if forced in ("native", "emulated"):
+        return forced == "native"
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.partition(":")[2].split()))
+
+
 class FakeClock:
     """A clock for timer tests: it reads ``now`` and moves only when the test calls :meth:`advance`.
 

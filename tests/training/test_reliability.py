@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,6 +48,23 @@ KILLER = textwrap.dedent("""
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+# run the `vitzoo-train` command line (`train.py <args>`) in a child process that gets Ctrl-C when the given optimizer
+# step is about to run
+INTERRUPTER = textwrap.dedent("""
+    import sys
+    import vitzoo.train
+    from vitzoo.training import VitModule
+    stop_at, script, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    step = VitModule.training_step
+    def interrupted_step(self, batch, batch_idx):
+        if self.global_step == stop_at:
+            raise KeyboardInterrupt
+        return step(self, batch, batch_idx)
+    VitModule.training_step = interrupted_step
+    sys.argv = [script, *args]
+    vitzoo.train.main()
+""")
 
 
 def env():
@@ -104,6 +123,53 @@ def test_kill_at_epoch_boundary_and_resume_is_bit_exact(tmp_path):
         assert torch.equal(tensor, b["state_dict"][name]), name
 
 
+def run_files(run_dir):
+    """Every file of a run folder: its bytes and modification time, by path."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_interrupted_run_of_another_backend_resumes_with_the_printed_command(tmp_path):
+    """Ctrl-C prints a command; pasted as it is (from another folder), it resumes the `window` run and finishes it
+    with the run's own options. Before that, a resume naming another backend or model is refused in one line
+    naming the option, and no file of the run changes."""
+    run_dir = tmp_path / "run"
+    script = tmp_path / "interrupter.py"
+    script.write_text(INTERRUPTER)
+    args = ["attention=window", "attention.window_size=2", *TINY, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run([sys.executable, str(script), str(STEPS_PER_EPOCH + 1), str(ROOT / "train.py"), *args],
+                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    command = re.search(r"interrupted; resume with: (.+)", proc.stderr).group(1)
+    assert command.split()[2:] == ["ckpt_path=auto", f"hydra.run.dir={run_dir}"], proc.stderr[-2000:]
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "interrupted"
+
+    before = run_files(run_dir)
+    for other, named in [("attention=global", "attention.name=global (the run has window)"),
+                         ("+model.depth=2", "model.depth=2 (the run has 1)")]:
+        refused = run_entry("train.py", other, "ckpt_path=auto", f"hydra.run.dir={run_dir}", env=env())
+        errors = [line for line in refused.stderr.splitlines() if "error" in line.lower()]
+        assert refused.returncode == 1 and len(errors) == 1 and errors[0].startswith("error: "), refused.stderr
+        assert named in errors[0] and "Traceback" not in refused.stderr
+        assert run_files(run_dir) == before  # .hydra/overrides.yaml, results.json, checkpoints, logs
+
+    pasted = shlex.split(command)
+    assert pasted[0] == "python"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    resumed = subprocess.run([sys.executable, *pasted[1:]], cwd=elsewhere, env=env(), capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "finished" and results["attention"] == "window" and results["epochs"] == EPOCHS
+    assert results["segments"] == 2 and results["previous_status"] == "interrupted"
+    final = last_ckpt(run_dir)
+    assert final["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert final["config"]["attention"]["name"] == "window" and final["config"]["attention"]["window_size"] == 2
+    assert final["config"]["model"]["depth"] == 1
+    assert (run_dir / ".hydra" / "overrides.yaml").read_bytes() == before[run_dir / ".hydra" / "overrides.yaml"][0]
+
+
 def test_auto_without_checkpoint_starts_fresh_and_says_so(tmp_path, capsys):
     results = train(
         compose_cfg(
@@ -123,7 +189,7 @@ def test_sigterm_marks_interrupted_and_the_run_resumes(tmp_path, monkeypatch):
         return step(self, batch, batch_idx)
 
     monkeypatch.setattr(VitModule, "training_step", terminated_step)
-    with pytest.raises(SystemExit, match="interrupted; resume with ckpt_path=auto"):
+    with pytest.raises(SystemExit, match=r"interrupted; resume with: vitzoo-train ckpt_path=auto hydra.run.dir=/"):
         train(compose_cfg(TINY, tmp_path))
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "interrupted"
     monkeypatch.setattr(VitModule, "training_step", step)

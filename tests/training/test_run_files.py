@@ -8,8 +8,8 @@ import json
 import math
 import os
 import random
+import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +28,7 @@ from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, segments, train
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.resume import RngState, latest_checkpoint
+from vitzoo.training.run_overrides import resume_arguments
 from vitzoo.training.segments import ElapsedTime, TrainingPeakMemory
 from vitzoo.untrusted import replace_file, write_new
 
@@ -70,31 +71,19 @@ def test_writes_never_follow_a_symlink(tmp_path):
     assert (tmp_path / "results.json").read_text() == "results"
 
 
-def test_eval_report_is_per_data_set_never_replaced_and_never_through_a_symlink(tmp_path):
-    path = checkpoint(tmp_path, name="model.ckpt")
+def test_eval_report_goes_into_the_eval_run_folder_never_replaced_never_through_a_symlink(tmp_path):
+    path = checkpoint(tmp_path / "ckpt", name="model.ckpt")
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
-    os.symlink(victim, tmp_path / "model.digits.eval.json")
-    first = eval_ckpt(path, tmp_path / "eval1")
-    second = eval_ckpt(path, tmp_path / "eval2")
+    (tmp_path / "eval").mkdir()
+    os.symlink(victim, tmp_path / "eval" / "eval.json")
+    first = eval_ckpt(path, tmp_path / "eval")
+    second = eval_ckpt(path, tmp_path / "eval")
     assert victim.read_text() == "precious"
-    assert Path(first["report_path"]).name == "model.digits.eval-2.json"
-    assert Path(second["report_path"]).name == "model.digits.eval-3.json"
+    assert Path(first["report_path"]) == tmp_path / "eval" / "eval-2.json"
+    assert Path(second["report_path"]) == tmp_path / "eval" / "eval-3.json"
     assert json.loads(Path(first["report_path"]).read_text())["data"] == "digits"
-
-
-def test_eval_report_goes_to_the_eval_folder_when_the_checkpoint_folder_is_read_only(tmp_path, monkeypatch):
-    path = checkpoint(tmp_path, name="model.ckpt")
-    real = write_new
-
-    def read_only(target, text):  # root ignores chmod: the refusal of the checkpoint's folder is simulated
-        if Path(target).parent == tmp_path:
-            raise PermissionError(13, "Permission denied", str(target))
-        return real(target, text)
-
-    monkeypatch.setattr(sys.modules["vitzoo.training.evaluate"], "write_new", read_only)
-    report = eval_ckpt(path, tmp_path / "eval")
-    assert Path(report["report_path"]) == tmp_path / "eval" / "model.digits.eval.json"
+    assert os.listdir(tmp_path / "ckpt") == ["model.ckpt"]  # nothing beside the checkpoint
 
 
 def test_export_never_written_through_a_symlink(tmp_path):
@@ -103,22 +92,21 @@ def test_export_never_written_through_a_symlink(tmp_path):
     victim.write_text("precious")
     (folder / "config.json").unlink()
     os.symlink(victim, folder / "config.json")
-    vitzoo.export_model(vitzoo.create_model("vit_cifar", depth=1, embed_dim=32, num_heads=2), folder)
+    vitzoo.export_model(vitzoo.create_model("vit_cifar", depth=1, embed_dim=32, num_heads=2), folder, replace=True)
     assert victim.read_text() == "precious" and not (folder / "config.json").is_symlink()
 
 
-def test_export_script_writes_a_new_folder_unless_told_to_replace(tmp_path, capsys):
+def test_export_script_adds_formats_to_the_runs_export(tmp_path, capsys):
     export = load_file("scripts", "export")
     result = run(tmp_path)
     ckpt, first = Path(result["best_ckpt"]), Path(result["export_dir"])
     before = (first / "model.safetensors").read_bytes()
-    assert export.main([f"ckpt_path={ckpt.parent / 'last.ckpt'}"]) == 0
-    assert (first.parent / "export-2" / "config.json").is_file()
-    assert (first / "model.safetensors").read_bytes() == before  # the run's export, described by results.json
-    assert export.main([f"ckpt_path={ckpt.parent / 'last.ckpt'}", "replace=true"]) == 0
-    assert not (first.parent / "export-3").exists() and (first / "config.json").is_file()
+    assert export.main([f"ckpt_path={ckpt}", "formats=[torchscript]"]) == 0  # the weights the run exported
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"export -> {first}"
+    assert (first / "model.torchscript.pt").is_file() and (first / "model.safetensors").read_bytes() == before
+    assert not (first.parent / "export-2").exists()
     assert export.main([f"ckpt_path={ckpt}", "replace=maybe"]) == 1
-    assert "error: replace must be true or false" in capsys.readouterr().err
+    assert "error: replace: Value 'maybe' is not a valid bool" in capsys.readouterr().err
 
 
 # ---- no network ----------------------------------------------------------------------------------------------------
@@ -274,7 +262,7 @@ def interrupted_at(tmp_path, monkeypatch, step: int) -> Path:
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(VitModule, "training_step", stop)
-    with pytest.raises(SystemExit, match="interrupted; resume with ckpt_path=auto"):
+    with pytest.raises(SystemExit, match=r"interrupted; resume with: vitzoo-train ckpt_path=auto hydra.run.dir=/"):
         run(tmp_path, *RESUME, folder="resumed")
     monkeypatch.setattr(VitModule, "training_step", original)
     return tmp_path / "resumed"
@@ -299,6 +287,61 @@ def test_resume_with_augmentation_and_drop_path_is_bit_exact(newest, tmp_path, m
     for key, tensor in a["state_dict"].items():
         assert torch.equal(tensor, b["state_dict"][key]), key
     assert straight["best_val_acc"] == resumed["best_val_acc"]
+
+
+def test_a_resume_takes_the_runs_own_overrides_and_the_command_line_wins(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    saved = ["attention=window", "attention.window_size=2", "+model.depth=1", "trainer.max_epochs=3"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in saved))
+    args = ["ckpt_path=auto", f"hydra.run.dir={run_dir}", "trainer.max_epochs=5"]
+    assert resume_arguments(args) == [*saved[:3], *args, "hydra.output_subdir=null"]
+    # a group picked on the command line takes its own options, not those of the run's choice
+    assert resume_arguments(["attention=global", *args]) == ["+model.depth=1", "attention=global", *args,
+                                                              "hydra.output_subdir=null"]
+    assert resume_arguments(["-m", *args]) == ["-m", *args]  # a sweep's jobs resume in fit()
+    fresh = ["ckpt_path=auto", f"hydra.run.dir={tmp_path / 'new'}"]
+    assert resume_arguments(fresh) == fresh
+
+
+@pytest.mark.parametrize("case", ["copied", "empty_last", "folder_last"])
+def test_a_copied_folder_or_a_broken_last_ckpt_resumes_into_last_ckpt(case, tmp_path, monkeypatch):
+    """The run folder copied elsewhere, or its ``last.ckpt`` emptied or replaced by a folder: the resume writes
+    ``last.ckpt`` in its own folder (never ``last-v1.ckpt``, never into the original), it ends as the newest state,
+    and the best checkpoint of the earlier segment is pruned as usual (``save_top_k=1``)."""
+    options = [o for o in RESUME if not o.startswith("callbacks.model_checkpoint.save_top_k")]
+    original = tmp_path / "resumed"
+    step = VitModule.training_step
+
+    def stop(self, batch, batch_idx):
+        if self.global_step == 2 * STEPS:
+            raise KeyboardInterrupt
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(VitModule, "training_step", stop)
+    with pytest.raises(SystemExit, match="interrupted; resume with"):
+        run(tmp_path, *options, folder="resumed")
+    monkeypatch.setattr(VitModule, "training_step", step)
+    folder = original
+    if case == "copied":
+        folder = tmp_path / "copy"
+        shutil.copytree(original, folder)
+        untouched = {p: p.read_bytes() for p in original.rglob("*") if p.is_file()}
+    last = folder / "checkpoints" / "last.ckpt"
+    if case == "empty_last":
+        last.write_bytes(b"")
+    elif case == "folder_last":
+        last.unlink()
+        last.mkdir()
+        (last / "note.txt").write_text("not a checkpoint")
+    results = run(tmp_path, *options, "ckpt_path=auto", folder=folder.name)
+    assert results["status"] == "finished" and results["segments"] == 2
+    names = sorted(p.name for p in (folder / "checkpoints").iterdir())
+    assert names == [Path(results["best_ckpt"]).name, "last.ckpt"] and last.is_file()
+    assert Path(results["best_ckpt"]).parent == folder / "checkpoints"
+    assert torch.load(last, weights_only=True)["global_step"] == 3 * STEPS
+    if case == "copied":
+        assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == untouched
 
 
 def test_an_interrupted_run_reports_wall_time_throughput_and_memory_from_all_segments(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -121,18 +122,24 @@ def interrupted(exc: BaseException) -> bool:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, but a crash mid-write never leaves a truncated ``.ckpt``: the file is
-    written beside the target as ``<name>.tmp`` and renamed over it (``os.replace`` is atomic)."""
+    written beside the target as ``<name>.tmp`` and renamed over it (``os.replace`` is atomic). A folder in the
+    way (e.g. a ``last.ckpt/`` made by hand) is replaced by the checkpoint."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         tmp = f"{path}.tmp"
         super().save_checkpoint(checkpoint, tmp, storage_options)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
         os.replace(tmp, path)
 
 
 class Checkpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` (best by a metric) that rewrites ``last.ckpt`` after every epoch (Lightning
     2.6 does only when the epoch is a new best) and every ``every_n_train_steps`` optimizer steps, so a crash
-    loses at most that many steps.
+    loses at most that many steps. A file name is always the one configured (no ``last-v1.ckpt``): a stale,
+    broken or empty file of that name is replaced. A run folder that was moved or copied resumes in place: the
+    checkpoint paths the resumed state holds are taken to be in this folder, so ``last.ckpt`` stays the newest
+    state and the older best checkpoints are pruned as usual.
 
     Args:
         dirpath: folder of the ``.ckpt`` files.
@@ -158,6 +165,7 @@ class Checkpoint(ModelCheckpoint):
             save_last=save_last,
             auto_insert_metric_name=auto_insert_metric_name,
             every_n_epochs=every_n_epochs,
+            enable_version_counter=False,
         )
         if every_n_train_steps is not None and int(every_n_train_steps) <= 0:
             raise ConfigError(
@@ -165,6 +173,12 @@ class Checkpoint(ModelCheckpoint):
                 f"(got {every_n_train_steps})"
             )
         self.every_steps = int(every_n_train_steps) if every_n_train_steps else 0
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict.get("dirpath")
+        if saved and self.dirpath and os.path.normpath(str(saved)) != os.path.normpath(self.dirpath):
+            state_dict = moved_checkpoint_state(state_dict, self.dirpath)
+        super().load_state_dict(state_dict)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -194,6 +208,26 @@ class Checkpoint(ModelCheckpoint):
         """``last.ckpt`` after every epoch (Lightning writes it only when the epoch also saved a new best)."""
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def moved_checkpoint_state(state: dict[str, Any], dirpath: str) -> dict[str, Any]:
+    """``ModelCheckpoint`` state saved in another folder (the run folder was moved or copied), with every
+    checkpoint path in that folder put into ``dirpath``.
+
+    Args:
+        state: the saved state (``dirpath``, ``best_model_path``, ``best_k_models``, ...).
+        dirpath: the checkpoint folder of this run.
+    """
+    old = os.path.normpath(str(state["dirpath"]))
+
+    def here(path: Any) -> Any:
+        if isinstance(path, str) and path and os.path.normpath(os.path.dirname(path)) == old:
+            return os.path.join(dirpath, os.path.basename(path))
+        return path
+
+    moved = {k: here(state.get(k)) for k in ("best_model_path", "kth_best_model_path", "last_model_path")}
+    best_k = {here(k): v for k, v in (state.get("best_k_models") or {}).items()}
+    return {**state, **moved, "best_k_models": best_k, "dirpath": dirpath}
 
 
 class _AppendingWriter(ExperimentWriter):

@@ -37,6 +37,14 @@ from vitzoo.training.resume import (
     write_export,
 )
 from vitzoo.training.run_checks import check_run_options
+from vitzoo.training.run_overrides import (
+    RunOverrides,
+    check_same_run,
+    hydra_overrides,
+    resolved_sections,
+    resume_command,
+    resume_source,
+)
 from vitzoo.training.safe_load import instantiate_group, safe_instantiate
 from vitzoo.training.segments import ElapsedTime, TrainingPeakMemory
 from vitzoo.training.utils import (
@@ -106,7 +114,12 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
     """
     out_dir = make_run_folder(Path(cfg.paths.output_dir))
     ckpt_path, previous = resolve_ckpt_path(cfg.get("ckpt_path"), out_dir)
-    kept = (out_dir / "results.json").read_text() if previous == "finished" else None
+    if ckpt_path:  # the same run, or refused in one line before any file of the run changes
+        source = resume_source(out_dir, cfg.get("ckpt_path"))
+        check_same_run(resolved_sections(cfg, cfg), saved_config(ckpt_path), source)
+    before = (out_dir / "results.json").read_text() if previous else None
+    kept = before if previous == "finished" else None  # a finished run's results survive any later attempt
+    kept_on_failure = before if previous == "finished" or ckpt_path else None  # and a failed resume changes none
     results = ResultsFile(
         out_dir / "results.json",
         status="running",
@@ -120,10 +133,10 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
         return _fit(cfg, out_dir, results, ckpt_path)
     except BaseException as e:
         if interrupted(e):
-            message = f"interrupted; resume with ckpt_path=auto hydra.run.dir={out_dir}"
+            message = f"interrupted; resume with: {resume_command(out_dir)}"
             keep_finished(results, kept, status="interrupted", error=message)
             raise SystemExit(message) from None
-        keep_finished(results, kept, status="failed", error=one_line(e))
+        keep_finished(results, kept_on_failure, status="failed", error=one_line(e))
         if not isinstance(e, ConfigError):
             write_traceback(e, out_dir)
         clean = unwrap_worker_error(e)  # a DataLoader worker's own one-line message (naming the file)
@@ -132,13 +145,23 @@ def fit(cfg: DictConfig) -> tuple[dict[str, Any], VitModule]:
         raise
 
 
+def saved_config(ckpt_path: str) -> Optional[dict[str, Any]]:
+    """The run config saved in a checkpoint; None when it holds none or cannot be read (that error is the fit's
+    to report)."""
+    try:
+        return read_checkpoint(ckpt_path).get("config")
+    except ConfigError:
+        return None
+
+
 def keep_finished(results: ResultsFile, kept: Optional[str], **failure: Any) -> None:
-    """Record a failure in results.json, unless the folder held a finished run's results (``kept``): those are
-    put back, and the failure is only printed.
+    """Record a failure in results.json, unless the folder's results from before this run are to be kept
+    (``kept``: a finished run's, or those of the run a failed resume went on): those are put back, and the failure
+    is only printed.
 
     Args:
         results: the run's results file.
-        kept: the finished ``results.json`` text from before this run (None: there was none).
+        kept: the ``results.json`` text from before this run to put back (None: record the failure).
         failure: ``status`` and ``error`` of this run.
     """
     if kept is None:
@@ -146,7 +169,7 @@ def keep_finished(results: ResultsFile, kept: Optional[str], **failure: Any) -> 
         return
     if rank_zero_only.rank == 0:
         replace_file(results.path, kept)
-    say(f"{results.path} kept as the finished run wrote it (this run: {failure['status']}: {failure['error']})")
+    say(f"{results.path} kept as it was (this run: {failure['status']}: {failure['error']})")
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -198,6 +221,7 @@ def _fit(
             logger.resume_step = resume_step  # rows the killed run logged after the checkpoint are dropped
     speed, peak = ImagesPerSecond(clock.clock), TrainingPeakMemory()  # both carried across resumes, like clock
     callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, peak, StopOnNonFinite(), RngState(), clock]
+    callbacks.append(RunOverrides(hydra_overrides()))  # saved in every checkpoint: a resume restores them
     trainer: pl.Trainer = safe_instantiate(
         cfg.trainer,
         "trainer",
