@@ -1,20 +1,30 @@
 """Token reduction (``model.token_reduction``): ToMe, EViT and TokenLearner inside a ViT."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import ATTENTION_NAMES
 
 from vitzoo.attention import ConfigError
 from vitzoo.flops import count_flops, flop_analysis
-from vitzoo.layers.token_reduction import SEQUENCE_BACKENDS, ToMe, ToMeConfig, _global_attention
+from vitzoo.layers.reduction_options import EViTConfig
+from vitzoo.layers.token_reduction import (
+    SEQUENCE_BACKENDS,
+    ToMe,
+    ToMeConfig,
+    _global_attention,
+    set_training_progress,
+)
 from vitzoo.models import create_model
 
 TINY = dict(depth=4, embed_dim=32, num_heads=4, drop_path_rate=0.0)
 REDUCTIONS = [("tome", "global"), ("tome", "efficient"), ("tome", "xca"), ("tome", "hydra"), ("tome", "nystrom"),
               ("tome", "probsparse"), ("tome", "fnet"), ({"name": "tome", "r": 3}, "linear"),
               ({"name": "evit", "locations": [1, 3]}, "global"), ({"name": "evit", "keep_rate": 0.5}, "global"),
-              ("tokenlearner", "global"), ({"name": "tokenlearner", "location": 0, "num_tokens": 4}, "performer")]
+              ("tokenlearner", "global"), ({"name": "tokenlearner", "location": 0, "num_tokens": 4}, "performer"),
+              ({"name": "tokenlearner", "num_tokens": 64, "hidden_dim": 16}, "global")]
 
 
 def tiny(reduction, attention, **kw):
@@ -32,7 +42,9 @@ def test_flops_follow_the_shrinking_sequence_per_block(reduction, attention):
         for i, (blk, grid) in enumerate(zip(model.blocks, model.block_grids(model.grid))):
             assert by_module[f"blocks.{i}"] == blk.flops(grid), f"block {i} at {grid}"
         assert analysis.total() == model.flops()
-    assert model.out_grid(model.grid)[1] < 64  # fewer tokens than the 8x8 grid at the end
+    assert model.out_grid(model.grid)[1] <= 64  # never more tokens than the 8x8 grid at the end
+    if model.out_grid(model.grid)[1] == 64:  # S = 64 learned tokens: as many as the grid, no reduction
+        return
     if attention != "nystrom":  # below its 64 landmarks Nyström's landmarks are the tokens: a shorter N can cost more
         assert model.flops() < create_model("vit_cifar", attention=attention, **TINY).flops()
 
@@ -45,7 +57,7 @@ def test_forward_backward_and_token_counts(reduction, attention):
     out = model(torch.randn(2, 3, 32, 32))
     out.square().sum().backward()
     assert out.shape == (2, 10) and torch.isfinite(out).all()
-    assert seen == [1 + model.out_grid(model.grid)[1]] and seen[0] < 65
+    assert seen == [1 + model.out_grid(model.grid)[1]] and seen[0] <= 65
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
 
@@ -206,3 +218,90 @@ def test_nan_in_the_input_gives_nan_outputs():
     x[0, :, :4, :4] = float("nan")  # one patch of the first image
     out = model(x)
     assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
+
+
+def test_evit_keep_rate_schedule_matches_the_paper_table():
+    """1 until warmup_start, a half cosine from 1 to keep_rate over warmup_epochs, then keep_rate."""
+    cfg = EViTConfig(keep_rate=0.6, warmup_start=2, warmup_epochs=4)
+
+    def expected(epoch):  # the authors' adjust_keep_rate, written out
+        if epoch < 2:
+            return 1.0
+        if epoch >= 6:
+            return 0.6
+        return 0.6 + 0.4 * 0.5 * (1 + math.cos(math.pi * (epoch - 2) / 4))
+
+    table = {0: 1.0, 1.99: 1.0, 2: 1.0, 3: 0.6 + 0.2 * (1 + 2 ** -0.5), 4: 0.8, 5: 0.6 + 0.2 * (1 - 2 ** -0.5),
+             6: 0.6, 40: 0.6}
+    for epoch, value in table.items():
+        assert cfg.rate_at(epoch) == pytest.approx(value, abs=1e-12), epoch
+        assert cfg.rate_at(epoch) == pytest.approx(expected(epoch), abs=1e-12), epoch
+    steps = [cfg.rate_at(2 + i / 25) for i in range(101)]  # per step: 25 steps an epoch
+    assert all(a > b for a, b in zip(steps, steps[1:]))  # strictly falling through the warm-up
+    default = EViTConfig()
+    assert default.rate_at(0) == 1.0 and default.rate_at(0.5) == pytest.approx(0.85) and default.rate_at(1) == 0.7
+    assert EViTConfig(keep_rate=0.5, warmup_epochs=0).rate_at(0) == 0.5  # no warm-up: the target from step 0
+
+
+def test_evit_trains_at_the_scheduled_rate_and_evaluates_at_the_target():
+    """Training runs at the schedule's rate; eval (export) and the FLOPs at keep_rate, equal to fvcore in eval."""
+    model = tiny({"name": "evit", "locations": [0], "keep_rate": 0.5, "warmup_epochs": 2}, "global").train()
+    seen = []
+    model.norm.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
+    x = torch.randn(1, 3, 32, 32)
+    target_flops = model.flops()
+    for epoch, kept in [(0, 64), (1, 48), (2, 32), (0.5, 60)]:  # rate 1, 0.75, 0.5, 0.5 + 0.25·(1 + cos(π/4))
+        set_training_progress(model, epoch)
+        seen.clear()
+        model(x)
+        assert seen == [1 + kept + (kept < 64)], epoch  # class token + kept + one fused token when any dropped
+        assert model.flops() == target_flops
+    seen.clear()
+    model.eval()(x)
+    assert seen == [1 + 32 + 1]
+    report = count_flops(model.train())
+    assert model.training and report.analytic == report.measured == target_flops
+
+
+def test_tokenlearner_mlp_is_the_papers_64_wide_bottleneck():
+    default = tiny("tokenlearner", "global").blocks[2].reducer.mlp
+    assert [(m.in_features, m.out_features) for m in (default[0], default[2])] == [(32, 64), (64, 8)]
+    narrow = tiny({"name": "tokenlearner", "hidden_dim": 16, "num_tokens": 4}, "global").blocks[2].reducer.mlp
+    assert [(m.in_features, m.out_features) for m in (narrow[0], narrow[2])] == [(32, 16), (16, 4)]
+    report = count_flops(tiny({"name": "tokenlearner", "hidden_dim": 16}, "global"))
+    row = next(r for r in report.modules if r.name.endswith("reducer"))
+    M, C, D, S = 64, 32, 16, 8
+    assert row.analytic == row.measured == 5 * M * C + M * C * D + M * D * S + M * S * C  # norm, MLP, pooling
+
+
+@pytest.mark.parametrize("spec,match", [
+    ({"name": "tokenlearner", "num_tokens": 1000}, "model.token_reduction.num_tokens must be at most the grid's 64"),
+    ({"name": "tokenlearner", "num_tokens": 65}, "model.token_reduction.num_tokens must be at most the grid's 64"),
+    ({"name": "tokenlearner", "hidden_dim": 0}, "model.token_reduction.hidden_dim must be a positive integer"),
+    ({"name": "evit", "keep_rate": 1.01}, r"model.token_reduction.keep_rate must be in \(0, 1\]"),
+    ({"name": "evit", "warmup_epochs": -1}, "model.token_reduction.warmup_epochs must be a number of epochs >= 0"),
+    ({"name": "evit", "warmup_epochs": float("nan")}, "model.token_reduction.warmup_epochs must be a number"),
+    ({"name": "evit", "warmup_start": "ten"}, "model.token_reduction.warmup_start must be a number of epochs"),
+    ({"name": "evit", "warmup_start": True}, "model.token_reduction.warmup_start must be a number of epochs"),
+])
+def test_options_that_would_grow_or_break_the_sequence_are_one_line_errors(spec, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        create_model("vit_cifar", attention="global", token_reduction=spec, **TINY)
+    assert "\n" not in str(err.value)
+
+
+def test_no_reducer_lengthens_the_sequence():
+    """ToMe with r beyond half the tokens, EViT at keep rate 1, TokenLearner with S = the grid: never above 65."""
+    for spec in [{"name": "tome", "r": 1000}, {"name": "evit", "keep_rate": 1.0}, {"name": "tokenlearner",
+                                                                                  "num_tokens": 64}]:
+        model = tiny(spec, "global")
+        counts = [1 + g[0] * g[1] for g in [*model.block_grids(model.grid), model.out_grid(model.grid)]]
+        assert counts[0] == 65 and all(a >= b for a, b in zip(counts, counts[1:])), (spec, counts)
+        seen = []
+        model.norm.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
+        model(torch.randn(1, 3, 32, 32))
+        assert seen == counts[-1:], spec
+    learner = tiny({"name": "tokenlearner", "num_tokens": 16}, "global")
+    assert learner(torch.randn(1, 3, 16, 16)).shape == (1, 10)  # a 4x4 grid: 16 tokens, as many as S
+    with pytest.raises(ConfigError, match="model.token_reduction.num_tokens must be at most the grid's 9 tokens"):
+        learner(torch.randn(1, 3, 12, 12))  # a 3x3 grid

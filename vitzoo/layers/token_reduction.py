@@ -14,9 +14,16 @@ Can 8 Learned Tokens Do for Images and Videos?", NeurIPS 2021, https://arxiv.org
   the similarity is measured on the mixer's input (no keys are exposed) and attention is unweighted.
 * ``evit``: at the chosen blocks, after the mixer, the class token's attention (averaged over heads) ranks
   the other tokens; the top ``⌈keep_rate·(N − 1)⌉`` stay and the rest are fused into one token, their
-  sum weighted by that attention. Needs ``attention=global`` and a class token.
-* ``tokenlearner``: before the chosen block, S learned spatial-attention maps (LayerNorm, MLP, softmax over
-  the grid tokens) pool the grid tokens into S tokens; prefix tokens stay.
+  sum weighted by that attention. Needs ``attention=global`` and a class token. In training the keep rate
+  warms up from 1 to ``keep_rate`` (:meth:`EViTConfig.rate_at`, set before every step by
+  :func:`set_training_progress`); evaluation, export and the FLOPs (:meth:`TokenReducer.block_flops`) use
+  ``keep_rate``: a training step in the warm-up runs more tokens than the FLOPs count.
+* ``tokenlearner``: before the chosen block, S learned spatial-attention maps (LayerNorm, an MLP with a
+  D-wide hidden layer, softmax over the grid tokens) pool the grid tokens into S tokens; prefix tokens stay.
+
+No reducer makes the sequence longer: ToMe merges at most half the tokens, EViT keeps a fraction in (0, 1]
+plus one fused token only when it drops two or more, and TokenLearner's S is refused above the grid's
+token count.
 
 After a reduction the tokens are a sequence, not a grid: the blocks call their mixer with the grid
 ``(1, N − P)``, so only backends that see tokens as a sequence take part (:data:`SEQUENCE_BACKENDS`);
@@ -27,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -37,52 +43,13 @@ from torch import Tensor, nn
 from vitzoo.attention import ATTENTION, attention_config
 from vitzoo.attention.base import Grid, check
 from vitzoo.costs import layernorm_flops
+from vitzoo.layers.reduction_options import EViTConfig, TokenLearnerConfig, ToMeConfig, check_no_growth
 from vitzoo.registry import Registry
 
 REDUCTIONS = Registry("model.token_reduction")
 # backends whose output depends on the tokens as a sequence only (not on a grid, windows, or a fixed length)
 SEQUENCE_BACKENDS = frozenset({"global", "linear", "efficient", "performer", "rfa", "nystrom", "xca", "hydra",
                                "relu_linear", "probsparse", "fnet"})
-
-
-@dataclass
-class ToMeConfig:
-    r: int = 8  # tokens merged in every block (fewer when fewer than 2r tokens remain)
-
-    def __post_init__(self):
-        _check_positive_int(self, "r")
-
-
-@dataclass
-class EViTConfig:
-    keep_rate: float = 0.7  # fraction of the non-class tokens kept at each reducing block (the paper's 0.7)
-    locations: Optional[list[int]] = None  # reducing blocks; null = every third from block 3 (the paper's 3, 6, 9)
-
-    def __post_init__(self):
-        check(isinstance(self.keep_rate, (int, float)) and 0 < self.keep_rate <= 1,
-              f"model.token_reduction.keep_rate must be in (0, 1] (got {self.keep_rate!r})")
-        if self.locations is not None:
-            self.locations = list(self.locations)
-            check(all(isinstance(i, int) and i >= 0 for i in self.locations),
-                  f"model.token_reduction.locations must be block indices >= 0 (got {self.locations!r})")
-
-
-@dataclass
-class TokenLearnerConfig:
-    num_tokens: int = 8  # S learned tokens (the paper's 8)
-    location: Optional[int] = None  # the block the tokens are learned before; null = depth // 2
-
-    def __post_init__(self):
-        _check_positive_int(self, "num_tokens")
-        if self.location is not None:
-            check(isinstance(self.location, int) and self.location >= 0,
-                  f"model.token_reduction.location must be a block index >= 0 (got {self.location!r})")
-
-
-def _check_positive_int(cfg: Any, name: str) -> None:
-    value = getattr(cfg, name)
-    check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-          f"model.token_reduction.{name} must be a positive integer (got {value!r})")
 
 
 def reduction_config(spec: Any) -> Any:
@@ -118,9 +85,24 @@ def attach_reducers(spec: Any, attention: Any, blocks: nn.ModuleList, num_prefix
     cls = REDUCTIONS.get(REDUCTIONS.name_of(cfg))[0]
     dim, head_dim = blocks[0].attn.dim, blocks[0].attn.head_dim
     name = ATTENTION.name_of(attention_config(attention))
+    check_no_growth(cfg, math.prod(blocks[0].attn.grid))
     for i, reducer in cls.for_blocks(cfg, len(blocks), num_prefix, dim, name).items():
         reducer.dims = (dim, head_dim)  # (C, d) of the host block's mixer
         blocks[i].reducer = reducer
+
+
+def set_training_progress(model: nn.Module, epoch: float) -> None:
+    """Move every reducer's training schedule (EViT's keep rate) in ``model`` to ``epoch`` epochs of training.
+
+    Called before every training step, outside ``forward`` (the training module's
+    :class:`~vitzoo.training.token_schedule.TokenReductionSchedule` does it from the global step).
+
+    Args:
+        model: a network (reducers anywhere inside it); epoch: epochs done before the step (fractional).
+    """
+    for module in model.modules():
+        if isinstance(module, TokenReducer):
+            module.set_progress(epoch)
 
 
 def sequence_grid(n: int, num_prefix: int) -> Grid:
@@ -142,6 +124,13 @@ class TokenReducer(nn.Module):
     def reduced(self, n: int) -> int:
         """Tokens after the block, from ``n`` before it."""
         raise NotImplementedError  # pragma: no cover
+
+    def set_progress(self, epoch: float) -> None:
+        """Per-step training state (default: none).
+
+        Args:
+            epoch: epochs of training done before the step (fractional).
+        """
 
     def parts(self, block: nn.Module, grid: Grid, n: int) -> list[tuple[str, nn.Module, Any]]:
         """``(name, module, size)`` of what the block runs on ``n`` tokens (at ``grid``), in the order it
@@ -280,8 +269,18 @@ class EViT(TokenReducer):
 
     def __init__(self, cfg: EViTConfig, num_prefix: int):
         super().__init__()
-        self.keep_rate, self.num_prefix = cfg.keep_rate, num_prefix
+        self.schedule, self.num_prefix = cfg, num_prefix
+        self.keep_rate = float(cfg.keep_rate)  # the target: evaluation, export, reported FLOPs
+        self.train_keep_rate = self.keep_rate  # in training: the schedule's rate, set by set_progress before a step
         self.dims = (0, 0)  # (C, d) of the host block's mixer, set by attach_reducers
+
+    @property
+    def rate(self) -> float:
+        """The keep rate this module runs at: the scheduled one in training, the target in evaluation."""
+        return self.train_keep_rate if self.training else self.keep_rate
+
+    def set_progress(self, epoch: float) -> None:
+        self.train_keep_rate = self.schedule.rate_at(epoch)
 
     @classmethod
     def for_blocks(cls, cfg: EViTConfig, depth: int, num_prefix: int, dim: int, attention: str):
@@ -291,8 +290,9 @@ class EViT(TokenReducer):
               f"{list(locations)})")
         return {i: cls(cfg, num_prefix) for i in locations}
 
-    def kept(self, n: int) -> int:
-        return math.ceil(self.keep_rate * (n - 1))
+    def kept(self, n: int, rate: Optional[float] = None) -> int:
+        """Non-class tokens kept of ``n`` tokens at ``rate`` (None: the target ``keep_rate``, which FLOPs count)."""
+        return math.ceil((self.keep_rate if rate is None else rate) * (n - 1))
 
     def reduced(self, n: int) -> int:
         k = self.kept(n)
@@ -303,7 +303,7 @@ class EViT(TokenReducer):
         x = x + block.drop_path(out)
         cls_attn = ((q[:, :, :1] @ k.transpose(-2, -1)) * block.attn.scale).softmax(dim=-1)  # [B, h, 1, N]: N·d
         score = cls_attn.mean(dim=1)[:, 0, 1:]  # [B, N − 1]
-        n, keep = x.shape[1], self.kept(x.shape[1])
+        n, keep = x.shape[1], self.kept(x.shape[1], self.rate)
         order = score.argsort(dim=-1, descending=True)
         top, rest = order[:, :keep], order[:, keep:]
         tokens = x[:, 1:]
@@ -333,13 +333,13 @@ class TokenLearner(TokenReducer):
         cfg: TokenLearnerConfig; num_prefix: prefix tokens (kept); dim: channels C.
     """
 
-    formula = "5MC + MC² + 2MSC"  # the reducer's own ops (the block's modules it calls have their rows)
+    formula = "5MC + MCD + MDS + MSC"  # the reducer's own ops (the block's modules it calls have their rows)
 
     def __init__(self, cfg: TokenLearnerConfig, num_prefix: int, dim: int):
         super().__init__()
         self.num_tokens, self.num_prefix = cfg.num_tokens, num_prefix
         self.norm = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, cfg.num_tokens))
+        self.mlp = nn.Sequential(nn.Linear(dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.num_tokens))
 
     @classmethod
     def for_blocks(cls, cfg: TokenLearnerConfig, depth: int, num_prefix: int, dim: int, attention: str):
@@ -354,6 +354,9 @@ class TokenLearner(TokenReducer):
     def forward(self, block, x, grid, size):
         P = self.num_prefix
         tokens = x[:, P:]  # [B, M, C]
+        if tokens.shape[1] < self.num_tokens:  # an image smaller than the model's: more maps than grid tokens
+            check(False, f"model.token_reduction.num_tokens must be at most the grid's {tokens.shape[1]} tokens "
+                         f"(got {self.num_tokens})")
         maps = self.mlp(self.norm(tokens)).softmax(dim=1)  # [B, M, S]: each map sums to 1 over the tokens
         learned = torch.einsum("bms,bmc->bsc", maps, tokens)  # [B, S, C]: S·M·C
         x = torch.cat([x[:, :P], learned], dim=1)
@@ -364,10 +367,10 @@ class TokenLearner(TokenReducer):
         return [("reducer", self, (grid, n)), *block.plain_parts(sequence_grid(self.reduced(n), self.num_prefix))]
 
     def flops(self, size):
-        (_, n), C, S = size, self.norm.normalized_shape[0], self.num_tokens
+        (_, n), C, S, D = size, self.norm.normalized_shape[0], self.num_tokens, self.mlp[0].out_features
         M = n - self.num_prefix
-        return layernorm_flops(M * C) + M * C * C + M * C * S + S * M * C  # norm, MLP, pooling
+        return layernorm_flops(M * C) + M * C * D + M * D * S + S * M * C  # norm, MLP (C -> D -> S), pooling
 
 
 __all__ = ["REDUCTIONS", "SEQUENCE_BACKENDS", "TokenReducer", "attach_reducers", "check_backend",
-           "reduction_config", "sequence_grid"]
+           "reduction_config", "sequence_grid", "set_training_progress"]

@@ -23,6 +23,7 @@ from vitzoo.export.files import check_file_config
 from vitzoo.models import create_model, model_kwargs
 from vitzoo.registry import ConfigError, build_config
 from vitzoo.training.safe_load import checked_state, checkpoint_hparams, load_state
+from vitzoo.training.token_schedule import TokenReductionSchedule
 from vitzoo.training.utils import read_checkpoint
 from vitzoo.untrusted import check_dtypes, check_finite
 
@@ -162,6 +163,9 @@ class VitModule(pl.LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         before_train_step(self.net)  # performer/rfa: count the step, redraw ω when due (outside forward)
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [TokenReductionSchedule()]  # EViT's keep-rate warm-up, per step from the global step (any Trainer)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
