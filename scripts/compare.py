@@ -10,7 +10,11 @@
 
 A record folder (``seed*.json`` files written by ``record_dir=``) gives ``ranking.md``, ``ranking.csv`` and one
 chart per budget (top-1 with its 95 % interval against training images/s from the benchmark's ``models.csv``,
-bubble area = training peak memory, colour = attention family, Pareto front) in the folder (``--out``).
+bubble area = training peak memory, colour = attention family, Pareto front) in the folder (``--out``). Records
+are checked on read: a bad one (not a regular file, not JSON, a field of the wrong type or out of range, an
+unregistered model or backend, a top-1 outside its interval) is left out with one line on stderr naming its file
+and field, and the count of those left out closes the output. Every file is written atomically under the output
+folder with a fixed name; a symbolic link there is replaced, never written through.
 
 Each job folder's ``results.json`` (written by ``train.py``) gives best validation accuracy,
 training and inference throughput, peak memory, parameters and GMACs. A job that failed, is still
@@ -56,19 +60,31 @@ def main(argv=None) -> int:
         p.error("give the multirun folder (or --sweep-command)")
     if is_record_folder(a.folder) or a.top is not None:
         try:
-            if a.top is not None:
-                print(",".join(top_backends(a.folder, a.top, [b for b in a.exclude.split(",") if b])))
+            if a.top is not None:  # names only on stdout (the sweep reads them); bad records on stderr
+                skipped: list[str] = []
+                names = top_backends(a.folder, a.top, [b for b in a.exclude.split(",") if b], skipped=skipped)
+                for line in skipped:
+                    print(f"skipped {line}", file=sys.stderr)
+                print(",".join(names))
                 return 0
             res = rank_records(a.folder, a.benchmark, a.out, a.docs)
-        except ConfigError as e:
+        except (ConfigError, OSError) as e:
             p.exit(2, f"error: {e}\n")
         print(res["text"])
         print(f"written: {res['md']}, {res['csv']}, " + ", ".join(map(str, res["charts"])))
+        if res["skipped"]:
+            n = len(res["skipped"])
+            print(f"skipped {n} bad record{'s' if n != 1 else ''} (listed on stderr)")
         return 0
-    res = compare_runs(a.folder, a.out, a.x)
+    try:
+        res = compare_runs(a.folder, a.out, a.x)
+    except OSError as e:
+        p.exit(2, f"error: {e}\n")
     print(res["table"])
     print(f"\n{len(res['rows'])} runs: {res['summary']}. " + " ".join(res["notes"]))
     print(f"written: {res['csv']}, {res['md']}, {res['png']}")
+    if res["skipped"]:
+        print(f"{len(res['skipped'])} results.json not ranked (listed on stderr)")
     return 0
 
 

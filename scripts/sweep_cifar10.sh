@@ -12,6 +12,8 @@
 # On Linux with autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled = 1) nice only ranks processes
 # of one terminal session; to yield to other sessions as well, run `echo 19 > /proc/self/autogroup` first.
 #   extra Hydra overrides via SWEEP_ARGS, e.g. SWEEP_ARGS="trainer.precision=32" where bf16 is emulated
+# Before the first job the script checks that the records folders are writable and that data.root holds train/;
+# a job whose record cannot be written fails, and the sweep's summary lists it as failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RECORDS="${1:-results/cifar10}"
@@ -27,6 +29,17 @@ run() {  # run <name> <overrides...>: one multirun into its own sweep folder
 top() {  # top <k> <exclude>: the k most accurate vit_cifar backends at 3 epochs
     python scripts/compare.py "$RECORDS/3ep" --top "$1" --exclude "$2"
 }
+fail() { echo "error: $*" >&2; exit 2; }
+# before the first job: every records folder writable (a probe file written and removed) and the data present
+for dir in "$RECORDS/3ep" "$RECORDS/10ep"; do
+    mkdir -p "$dir" 2>/dev/null && probe=$(mktemp "$dir/.write-test.XXXXXX" 2>/dev/null) && rm -f "$probe" \
+        || fail "records folder $dir is not writable; give another RECORDS folder (first argument)"
+done
+DATA=$(python train.py experiment=zoo_cifar10 "${EXTRA[@]}" --cfg job --resolve --package data.root) \
+    || fail "cannot compose experiment=zoo_cifar10 ${SWEEP_ARGS:-}"
+DATA=$(tail -n 1 <<< "$DATA")
+[ -d "$DATA/train" ] && [ -n "$(ls -A "$DATA/train")" ] \
+    || fail "data.root=$DATA has no train/<class>/ images; set VITZOO_CIFAR10 (or data.root in SWEEP_ARGS)"
 
 run 3ep "attention=$BACKENDS" record_dir="$RECORDS/3ep"
 run 3ep_tome model.token_reduction=tome attention=global record_dir="$RECORDS/3ep"

@@ -94,3 +94,46 @@ def test_sweep_covers_every_backend():
             assert cfg.hydra.sweeper.params.attention == "glob(*)"
             assert cfg.model.name == "vit_cifar" and cfg.data.name == data and cfg.task_name == name
     assert sweep_command("zoo_digits").endswith("attention=" + ",".join(list_attention()))
+
+
+@pytest.mark.parametrize("content,field", [
+    ("[1, 2]", "(the file)"),
+    ('"finished"', "(the file)"),
+    (json.dumps(_finished("global", float("nan"), 300.0, 900.0)), "best_val_acc"),
+    (json.dumps(_finished("global", 1e308, 300.0, 900.0)), "best_val_acc"),
+    (json.dumps(_finished("global", "0.99", 300.0, 900.0)), "best_val_acc"),
+    (json.dumps({**_finished("global", 0.9, 300.0, 900.0), "attention": ["global"]}), "attention"),
+    (json.dumps(_finished("global", 0.9, -1.0, 900.0)), "train_images_per_s"),
+])
+def test_a_bad_results_json_is_listed_not_ranked(tmp_path, capsys, content, field):
+    """One job's hostile results.json: its row says which field is bad, the other jobs still rank and plot."""
+    sweep = tmp_path / "sweep"
+    _fake_job(sweep, "0_vit_cifar_window", "window", _finished("window", 0.85, 250.0, 700.0))
+    _fake_job(sweep, "1_vit_cifar_local", "local", _finished("local", 0.80, 300.0, 600.0))
+    job = _fake_job(sweep, "2_vit_cifar_global", "global", None)
+    (job / "results.json").write_text(content)
+    res = compare_runs(sweep)
+    assert [(r["attention"], r["status"]) for r in res["rows"]] == [
+        ("window", "finished"), ("local", "finished"), ("global", f"invalid results.json ({field})")]
+    assert [r["attention"] for r in plotted_runs(res["rows"], "train_images_per_s")] == ["window", "local"]
+    err = capsys.readouterr().err
+    assert "2_vit_cifar_global/results.json" in err and field in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_outputs_never_follow_a_symlink_and_a_fifo_never_blocks(tmp_path):
+    import os
+
+    sweep = tmp_path / "sweep"
+    _fake_job(sweep, "0_vit_cifar_window", "window", _finished("window", 0.85, 250.0, 700.0))
+    job = _fake_job(sweep, "1_vit_cifar_global", "global", None)
+    os.mkfifo(job / "results.json")
+    (sweep / "compare").mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for name in ("runs.md", "runs.csv", "accuracy_vs_throughput.png"):
+        os.symlink(victim, sweep / "compare" / name)
+    res = compare_runs(sweep)
+    assert victim.read_text() == "precious"
+    assert not any((sweep / "compare" / n).is_symlink() for n in ("runs.md", "runs.csv", "accuracy_vs_throughput.png"))
+    assert [(r["attention"], r["status"]) for r in res["rows"]] == [
+        ("window", "finished"), ("global", "unreadable results.json (NotRegularFile)")]

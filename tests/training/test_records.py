@@ -5,16 +5,17 @@ import csv
 import json
 import math
 import os
+import subprocess
 
 import pytest
 from conftest import ROOT
 from helpers import compose_cfg
 from matplotlib.legend import Legend
+from omegaconf import OmegaConf
 
 from vitzoo.bench.ranking import (
     BEGIN,
     END,
-    UNREGISTERED,
     _legend_sizes,
     aggregate,
     place_labels,
@@ -24,7 +25,16 @@ from vitzoo.bench.ranking import (
 )
 from vitzoo.registry import ConfigError
 from vitzoo.training import train
-from vitzoo.training.records import model_label, read_records, record_path, wilson_interval, write_record
+from vitzoo.training.callbacks import SweepSummary
+from vitzoo.training.records import (
+    check_record_dir,
+    model_label,
+    read_records,
+    record_path,
+    save_record,
+    wilson_interval,
+    write_record,
+)
 
 TINY = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1",
         "trainer.limit_train_batches=2", "trainer.num_sanity_val_steps=0", "trainer.enable_progress_bar=false",
@@ -164,13 +174,14 @@ def test_bubble_legend_sizes_span_the_peaks(peaks, sizes):
 
 
 def test_ranking_rows_name_the_family_from_the_registry(tmp_path):
-    """The family column comes from the backend's subpackage; a record of a removed backend still ranks."""
+    """The family column comes from the backend's subpackage; a record of an unregistered backend is left out."""
     for name in ("global", "linear", "longformer", "mixer"):
         _record(tmp_path, name, 0, 0.5)
     _record(tmp_path, "retired_backend", 0, 0.5)
-    families = {r["attention"]: r["family"] for r in rank_records(tmp_path)["rows"]}
-    assert families == {"global": "dense", "linear": "linear", "longformer": "sparse", "mixer": "token_mixing",
-                        "retired_backend": UNREGISTERED}
+    res = rank_records(tmp_path)
+    families = {r["attention"]: r["family"] for r in res["rows"]}
+    assert families == {"global": "dense", "linear": "linear", "longformer": "sparse", "mixer": "token_mixing"}
+    assert len(res["skipped"]) == 1 and "retired_backend/seed0.json: field attention" in res["skipped"][0]
 
 
 def _overlap(a, b):
@@ -213,5 +224,67 @@ def test_committed_records_are_readable():
     folder = ROOT / "results" / "cifar10"
     if not any(folder.rglob("seed*.json")):
         pytest.skip("no committed CIFAR-10 records yet (results/cifar10)")
-    rows = aggregate(read_records(folder))
-    assert rows and all(0.0 <= r["top1"] <= 100.0 for r in rows)
+    skipped: list[str] = []
+    rows = aggregate(read_records(folder, skipped))
+    assert skipped == [] and rows and all(0.0 <= r["top1"] <= 100.0 for r in rows)
+
+
+# ---- sweeps check before they train ---------------------------------------------------------------------------------
+def test_an_unwritable_record_dir_is_one_line(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="record_dir=.*a_file/records is not writable"):
+        check_record_dir(blocker / "records")
+    assert check_record_dir(tmp_path / "new" / "records").is_dir()
+    assert list((tmp_path / "new" / "records").iterdir()) == []  # the probe is gone
+
+
+def _finished_job(folder):
+    folder.mkdir(parents=True)
+    results = {"status": "finished", "model": "vit_cifar", "attention": "global", "data": "digits", "best_val_acc": 0.9,
+               "best_val_acc5": 1.0, "val_images": 180, "epochs": 1, "steps": 2, "wall_s": 3.0, "error": None}
+    (folder / "results.json").write_text(json.dumps(results))
+    return results
+
+
+def test_a_record_that_cannot_be_written_fails_the_job_and_the_summary_says_so(tmp_path):
+    job = tmp_path / "sweep" / "0_vit_cifar_global"
+    results = _finished_job(job)
+    run = {"model": {"name": "vit_cifar", "img_size": 32}, "attention": {"name": "global"}, "seed": 0,
+           "data": {"name": "digits", "batch_size": 4}, "trainer": {"precision": "32-true"}}
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="cannot write .*seed0.json"):
+        save_record(blocker / "records", results, run, job / "results.json")
+    saved = json.loads((job / "results.json").read_text())
+    assert saved["status"] == "failed" and "record is missing" in saved["error"]
+    with pytest.raises(SystemExit, match="1 of 1 jobs failed: 0_vit_cifar_global"):
+        SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}}))
+    assert save_record(tmp_path / "records", results, run, job / "results.json").is_file()
+
+
+def test_a_run_into_an_unwritable_record_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="record_dir=.* is not writable"):
+        train(compose_cfg([*TINY, f"record_dir={blocker / 'records'}"], tmp_path / "run"))
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["status"] == "failed" and "not writable" in saved["error"]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+
+
+def _sweep_script(tmp_path, records, data):
+    env = {**os.environ, "VITZOO_CIFAR10": str(data), "SWEEP_DIR": str(tmp_path / "sweep"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", str(ROOT / "scripts" / "sweep_cifar10.sh"), str(records)], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_sweep_script_checks_records_and_data_before_the_first_job(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    done = _sweep_script(tmp_path, blocker / "records", tmp_path)
+    assert done.returncode != 0 and "records folder" in done.stderr and "not writable" in done.stderr
+    done = _sweep_script(tmp_path, tmp_path / "records", tmp_path / "no_data")
+    assert done.returncode != 0 and "no_data has no train/" in done.stderr
+    assert not (tmp_path / "sweep").exists()  # no job started

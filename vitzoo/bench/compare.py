@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -15,7 +16,8 @@ from matplotlib.figure import Figure  # the object API: no pyplot, no global bac
 
 from vitzoo.attention import list_attention
 from vitzoo.bench.options import select_backends
-from vitzoo.bench.report import markdown_table, write_csv
+from vitzoo.bench.report import markdown_table, save_figure, write_csv
+from vitzoo.fileio import atomic_write_text, read_regular_text
 from vitzoo.models import list_models
 
 RUN_COLUMNS = [
@@ -39,6 +41,12 @@ RUN_COLUMNS = [
     "error",
 ]
 X_AXES = {"train": "train_images_per_s", "infer": "infer_images_per_s"}
+NAME = re.compile(r"[A-Za-z0-9_.+\-]{1,100}")  # a model, attention or data name in results.json
+# results.json fields that must be a finite number (or null) in [low, high]
+NUMBERS = {"best_val_acc": (0.0, 1.0), "best_val_acc5": (0.0, 1.0), "val_loss": (-1e30, 1e30),
+           "train_images_per_s": (0.0, 1e12), "train_mfu": (0.0, 1e6), "infer_images_per_s": (0.0, 1e12),
+           "peak_memory_mb": (0.0, 1e12), "params": (0.0, 1e15), "gmacs": (0.0, 1e15), "gmacs_analytic": (0.0, 1e15),
+           "epochs": (0.0, 1e6)}
 X_LABELS = {
     "train_images_per_s": "training throughput (images/s)",
     "infer_images_per_s": "inference throughput (images/s)",
@@ -63,22 +71,27 @@ def find_run_dirs(folder: Path) -> list[Path]:
     return sorted(found, key=key)
 
 
-def _read_overrides(run: Path) -> list[str]:
-    path = run / ".hydra" / "overrides.yaml"
+def _read_yaml(path: Path) -> Any:
+    """A job's YAML file, None when it is missing, unreadable or not a regular file (a FIFO is never waited on)."""
     try:
-        return [str(o) for o in (yaml.safe_load(path.read_text()) or [])]
-    except (OSError, yaml.YAMLError):
-        return []
+        return yaml.safe_load(read_regular_text(path, 1 << 20))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return None
+
+
+def _read_overrides(run: Path) -> list[str]:
+    overrides = _read_yaml(run / ".hydra" / "overrides.yaml")
+    return [str(o) for o in overrides] if isinstance(overrides, list) else []
 
 
 def _choices(run: Path) -> dict[str, str]:
     """Config-group choices of a job: ``hydra.runtime.choices`` in ``.hydra/hydra.yaml``, then overrides."""
     choices: dict[str, str] = {}
     try:
-        hy = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text()) or {}
+        hy = _read_yaml(run / ".hydra" / "hydra.yaml") or {}
         runtime_choices = hy.get("hydra", {}).get("runtime", {}).get("choices") or {}
         choices.update({str(k): str(v) for k, v in runtime_choices.items()})
-    except (OSError, yaml.YAMLError, AttributeError):
+    except AttributeError:  # not the mappings Hydra writes
         pass
     for o in _read_overrides(run):
         key, sep, value = o.lstrip("+~").partition("=")
@@ -87,6 +100,30 @@ def _choices(run: Path) -> dict[str, str]:
     if not choices.get("model"):  # job folders are named <num>_<model>_<attention> by configs/hydra/default.yaml
         choices["model"] = next((m for m in list_models() if f"_{m}_" in f"_{run.name}_"), None)
     return choices
+
+
+def bad_results_field(res: Any) -> Optional[str]:
+    """The first field of a ``results.json`` that is not what :func:`vitzoo.training.utils.ResultsFile` writes
+    (``"(the file)"`` when it is no JSON object), or None when it can be read.
+
+    Args:
+        res: the parsed JSON.
+    """
+    if not isinstance(res, Mapping):
+        return "(the file)"
+    for k, (low, high) in NUMBERS.items():
+        v = res.get(k)
+        if v is not None and not (_finite(v) and low <= v <= high):
+            return k
+    for k in ("attention", "model", "data"):
+        v = res.get(k)
+        v = v.get("name") if isinstance(v, Mapping) else v
+        if v is not None and not (isinstance(v, str) and NAME.fullmatch(v)):
+            return k
+    for k in ("status", "error"):
+        if res.get(k) is not None and not isinstance(res.get(k), str):
+            return k
+    return None
 
 
 def _results_fields(res: Mapping[str, Any], choices: Mapping[str, str]) -> dict[str, Any]:
@@ -126,9 +163,12 @@ def read_run(run: Path, root: Optional[Path] = None) -> dict[str, Any]:
     if not path.exists():
         return {**row, "status": "missing results.json"}
     try:
-        res = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        res = json.loads(read_regular_text(path, 16 << 20))
+    except (OSError, ValueError, RecursionError) as exc:  # a FIFO or device, JSONDecodeError, UnicodeDecodeError
         return {**row, "status": f"unreadable results.json ({type(exc).__name__})"}
+    bad = bad_results_field(res)
+    if bad:
+        return {**row, "status": f"invalid results.json ({bad})"}
     return {**row, **_results_fields(res, choices)}
 
 
@@ -247,8 +287,7 @@ def plot_bubbles(rows: Sequence[Mapping[str, Any]], path: Path, x: str = "train_
     if left_out:
         fig.text(0.01, 0.005, "not plotted: " + ", ".join(left_out)[:400], fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def _sort_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -315,6 +354,10 @@ def compare_runs(folder: Path | str, out: Optional[Path | str] = None, x: str = 
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder")
     rows = _sort_runs([read_run(d, folder) for d in find_run_dirs(folder)])
+    skipped = [f"{r['run_dir']}/results.json: {r['status']}" for r in rows
+               if str(r["status"]).startswith(("invalid", "unreadable"))]
+    for line in skipped:
+        print(f"not ranked: {line}", file=sys.stderr)
     out = Path(out) if out else folder / "compare"
     out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, RUN_COLUMNS + ["best_val_acc_pct", "best_val_acc5_pct"], out / "runs.csv")
@@ -323,7 +366,7 @@ def compare_runs(folder: Path | str, out: Optional[Path | str] = None, x: str = 
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    (out / "runs.md").write_text(f"{table}\n\n{len(rows)} runs: {summary}. " + " ".join(notes) + "\n")
+    atomic_write_text(out / "runs.md", f"{table}\n\n{len(rows)} runs: {summary}. " + " ".join(notes) + "\n")
     title = f"{'/'.join(folder.resolve().parts[1:][-3:])}: accuracy vs throughput"
     png = plot_bubbles(rows, out / "accuracy_vs_throughput.png", X_AXES[x], title=title)
     return {
@@ -334,6 +377,7 @@ def compare_runs(folder: Path | str, out: Optional[Path | str] = None, x: str = 
         "png": png,
         "summary": summary,
         "notes": notes,
+        "skipped": skipped,
     }
 
 

@@ -9,9 +9,10 @@ where it came from.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
-import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import fmean
@@ -22,11 +23,16 @@ from matplotlib.lines import Line2D
 
 from vitzoo.attention import FAMILY_PACKAGES, attention_family
 from vitzoo.bench.compare import pareto_front
-from vitzoo.bench.report import markdown_table, write_csv
+from vitzoo.bench.labels import place_labels
+from vitzoo.bench.report import markdown_table, save_figure, write_csv
+from vitzoo.fileio import atomic_write_text, read_regular_text
 from vitzoo.registry import ConfigError
 from vitzoo.training.records import read_records, wilson_interval
 
-BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"  # generated block in a Markdown file
+# the generated block in a Markdown file: "<" and ">" never occur in a record's fields, so no row can hold a marker
+BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"
+MAX_LABELS = 40  # the most accurate points of a chart get a label; the others are drawn unlabelled
+MAX_CHARTS = 12  # charts for the first budgets (epochs) only; every budget gets its table
 COLUMNS = ["attention", "family", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
            "train_peak_mb", "precision", "commit"]
 HEADERS = {"top1": "top-1 % (record)", "top1_ci95": "95 % interval (record)", "seeds": "per seed % (interval)",
@@ -34,15 +40,15 @@ HEADERS = {"top1": "top-1 % (record)", "top1_ci95": "95 % interval (record)", "s
            "train_peak_mb": "train peak MB (benchmark)"}
 FAMILY_COLORS = dict(zip(FAMILY_PACKAGES, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple",
                                            "tab:brown")))  # one colour per attention family in the chart
-UNREGISTERED = "unregistered"  # the family of a record whose backend is no longer registered
 
 
 def _num(v: Any) -> Optional[float]:
+    """A benchmark cell as a finite number in [0, 1e12), else None (left empty, never guessed)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
         return None
-    return f if math.isfinite(f) else None
+    return f if math.isfinite(f) and 0 <= f < 1e12 else None
 
 
 def read_benchmark(path: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -52,26 +58,27 @@ def read_benchmark(path: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
         path: the ``models.csv`` written by ``scripts/benchmark.py --mode models``.
     """
     rows: dict[tuple[str, str, int], dict[str, Any]] = {}
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            if r.get("status") not in (None, "", "ok"):
-                continue
-            try:
-                key = (r["model"], r["backend"], int(float(r["img_size"])))
-            except (KeyError, TypeError, ValueError):
-                continue
-            rows[key] = {"train_img_s": _num(r.get("train_img_s")), "infer_img_s": _num(r.get("infer_img_s")),
-                         "train_peak_mb": _num(r.get("train_peak_mb")), "bench_batch": r.get("batch"),
-                         "bench_amp": r.get("amp")}
+    try:
+        text = read_regular_text(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--benchmark {path}: not readable ({getattr(e, 'strerror', None) or type(e).__name__})"
+                          ) from None
+    for r in csv.DictReader(io.StringIO(text, newline="")):
+        if r.get("status") not in (None, "", "ok"):
+            continue
+        try:
+            key = (str(r["model"]), str(r["backend"]), int(float(r["img_size"])))
+        except (KeyError, TypeError, ValueError, OverflowError):
+            continue
+        rows[key] = {"train_img_s": _num(r.get("train_img_s")), "infer_img_s": _num(r.get("infer_img_s")),
+                     "train_peak_mb": _num(r.get("train_peak_mb")), "bench_batch": r.get("batch"),
+                     "bench_amp": r.get("amp")}
     return rows
 
 
 def family_of(attention: str) -> str:
-    """The family (subpackage) of a backend, or :data:`UNREGISTERED` for a record of a removed backend."""
-    try:
-        return attention_family(attention)
-    except ConfigError:
-        return UNREGISTERED
+    """The family (subpackage) of a registered backend (records name registered backends only)."""
+    return attention_family(attention)
 
 
 def _interval(accuracy: float, record: Mapping[str, Any]) -> tuple[Optional[float], Optional[float]]:
@@ -144,8 +151,7 @@ def plot_ranking(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> P
         path: PNG to write.
         title: chart title (name the CPU and the budget).
     """
-    ranking_figure(rows, title).savefig(path, dpi=120, bbox_inches="tight")
-    return path
+    return save_figure(ranking_figure(rows, title), path, dpi=120, bbox_inches="tight")
 
 
 def ranking_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figure:
@@ -189,7 +195,7 @@ def ranking_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figure:
                        label=f"training peak {mb:.0f} MB")
         # both legends right of the axes, where no bubble, interval or label can fall under them
         sizes = ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.01, 0.0), labelspacing=1.5, borderpad=1.0)
-        families = [f for f in (*FAMILY_PACKAGES, UNREGISTERED) if any(r.get("family") == f for r in pts)]
+        families = [f for f in FAMILY_PACKAGES if any(r.get("family") == f for r in pts)]
         ax.legend(handles=[Line2D([], [], ls="", marker="o", ms=8, alpha=0.45, mec="black",
                                   color=FAMILY_COLORS.get(f, "grey"), label=f.replace("_", " ")) for f in families],
                   fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="family", title_fontsize=8)
@@ -201,49 +207,15 @@ def ranking_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figure:
 LABEL_PT = 8  # font size of the bubble labels (points)
 
 
-def _overlaps(a: Sequence[float], b: Sequence[float]) -> bool:
-    """True when boxes ``(x0, y0, x1, y1)`` ``a`` and ``b`` share area."""
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def place_labels(anchors: Sequence[tuple[float, float]], widths: Sequence[float], height: float,
-                 bounds: tuple[float, float, float, float]) -> list[tuple[float, float]]:
-    """Greedy, deterministic label placement: each label's box goes at the first spot around its anchor
-    (right-above, right-below, left-above, left-below, then the same one and two lines further out) that overlaps
-    no label placed before it and stays inside ``bounds``; where none is free, right-above.
-
-    Args:
-        anchors: the points labelled, in points (1/72 inch) on the figure, in placement order.
-        widths: each label's width in points.
-        height: the labels' height in points.
-        bounds: ``(x0, y0, x1, y1)`` of the axes in points.
-    Returns:
-        The offset of each label box's lower-left corner from its anchor, in points.
-    """
-    placed: list[tuple[float, float, float, float]] = []
-    offsets = []
-    for (x, y), w in zip(anchors, widths):
-        spots = [(dx, dy) for k in range(3)  # four spots beside the point, then the same a line further out
-                 for dx, dy in ((4.0, 3.0 + k * height), (4.0, -3.0 - (k + 1) * height),
-                                (-4.0 - w, 3.0 + k * height), (-4.0 - w, -3.0 - (k + 1) * height))]
-        boxes = [(x + dx, y + dy, x + dx + w, y + dy + height) for dx, dy in spots]
-        free = [i for i, b in enumerate(boxes)
-                if b[0] >= bounds[0] and b[2] <= bounds[2] and b[1] >= bounds[1] and b[3] <= bounds[3]
-                and not any(_overlaps(b, p) for p in placed)]
-        i = free[0] if free else 0
-        placed.append(boxes[i])
-        offsets.append(spots[i])
-    return offsets
-
-
 def _annotate(fig: Figure, ax: Any, pts: Sequence[Mapping[str, Any]]) -> None:
-    """Label each bubble with its backend, most accurate first, without labels overlapping where a spot is free."""
+    """Label the :data:`MAX_LABELS` most accurate bubbles with their backend, most accurate first, without labels
+    overlapping where a spot is free."""
     fig.tight_layout()
     ax.autoscale_view()
     ax.set_xlim(ax.get_xlim())  # freeze the limits: the placement is computed in these coordinates
     ax.set_ylim(ax.get_ylim())
     to_pt = 72.0 / fig.dpi
-    order = sorted(pts, key=lambda r: -float(r["top1"]))
+    order = sorted(pts, key=lambda r: -float(r["top1"]))[:MAX_LABELS]
     names = [r["attention"] + ("" if r["model"] == "vit_cifar" else f" ({r['model']})") for r in order]
     anchors = [tuple(v * to_pt for v in ax.transData.transform((float(r["train_img_s"]), float(r["top1"]))))
                for r in order]
@@ -270,16 +242,47 @@ def _fmt(rows: Sequence[Mapping[str, Any]]) -> str:
     return markdown_table(list(rows), COLUMNS, HEADERS)
 
 
-def replace_block(markdown: Path, text: str) -> None:
-    """Replace the generated block between :data:`BEGIN` and :data:`END` in ``markdown`` with ``text``."""
-    content = markdown.read_text()
-    if BEGIN not in content or END not in content:
-        raise ConfigError(f"--docs {markdown}: no '{BEGIN}' ... '{END}' block to replace")
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    markdown.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", content, count=1))
+def read_docs(markdown: Any) -> str:
+    """The text of the ``--docs`` file: a regular file that exists and is no symbolic link, else one line.
+
+    Args:
+        markdown: the Markdown file.
+    """
+    markdown = Path(markdown)
+    if markdown.is_symlink():
+        raise ConfigError(f"--docs {markdown} is a symbolic link; name the file itself")
+    if not markdown.exists():
+        raise ConfigError(f"--docs {markdown}: no such file")
+    try:
+        return read_regular_text(markdown)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--docs {markdown}: not readable ({getattr(e, 'strerror', None) or type(e).__name__})"
+                          ) from None
 
 
-def top_backends(folder: Any, k: int, exclude: Sequence[str] = (), epochs: Optional[int] = None) -> list[str]:
+def replace_block(markdown: Path, text: str) -> Path:
+    """Replace the generated block between :data:`BEGIN` and :data:`END` in ``markdown`` with ``text``, atomically.
+
+    The file must be a regular file (not a symbolic link) holding each marker once, begin before end; ``text``
+    may hold neither. Replacing the block with the same text leaves the file byte for byte as it was.
+
+    Args:
+        markdown: the Markdown file (``--docs``).
+        text: the new content of the block.
+    """
+    content = read_docs(markdown)
+    if BEGIN in text or END in text:
+        raise ConfigError(f"--docs {markdown}: the generated text holds a block marker; nothing written")
+    if content.count(BEGIN) != 1 or content.count(END) != 1 or content.index(BEGIN) > content.index(END):
+        raise ConfigError(f"--docs {markdown}: needs one '{BEGIN}' followed by one '{END}' (found "
+                          f"{content.count(BEGIN)} and {content.count(END)})")
+    head, rest = content.split(BEGIN)
+    tail = rest.split(END)[1]
+    return atomic_write_text(markdown, f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def top_backends(folder: Any, k: int, exclude: Sequence[str] = (), epochs: Optional[int] = None,
+                 skipped: Optional[list[str]] = None) -> list[str]:
     """The ``k`` most accurate backends of ``vit_cifar`` in the records under ``folder`` (for follow-up runs).
 
     Args:
@@ -287,15 +290,26 @@ def top_backends(folder: Any, k: int, exclude: Sequence[str] = (), epochs: Optio
         k: how many names.
         exclude: backends left out (e.g. ``global``, ``window``, which the plan runs anyway).
         epochs: only records of this budget (None: any).
+        skipped: collects one line per bad record left out (see :func:`vitzoo.training.records.read_records`).
     """
-    rows = [r for r in aggregate(read_records(folder)) if r["model"] == "vit_cifar" and r["attention"] not in exclude
-            and (epochs is None or r["epochs"] == epochs)]
+    rows = [r for r in aggregate(read_records(folder, skipped)) if r["model"] == "vit_cifar"
+            and r["attention"] not in exclude and (epochs is None or r["epochs"] == epochs)]
     return [r["attention"] for r in sorted(rows, key=lambda r: -r["top1"])[:k]]
+
+
+def chart_name(epochs: int) -> str:
+    """The chart file of one budget: a fixed template around the validated integer ``epochs``."""
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 0:
+        raise ConfigError(f"epochs={epochs!r} cannot name a chart")
+    return f"accuracy_vs_throughput_{epochs}ep.png"
 
 
 def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any] = None,
                  docs: Optional[Any] = None) -> dict[str, Any]:
     """Tables (Markdown + CSV) and one chart per budget from the records under ``folder``.
+
+    Every file is written atomically under ``out`` with a fixed name (a symbolic link there is replaced, its target
+    left alone); a bad record is left out with one line (``skipped`` in the result, also printed on stderr).
 
     Args:
         folder: record folder (e.g. ``results/cifar10``).
@@ -305,9 +319,15 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
         docs: a Markdown file whose generated block receives the tables and chart links.
     """
     folder = Path(folder)
-    rows = aggregate(read_records(folder))
+    if docs:
+        read_docs(docs)  # a missing or unreadable --docs fails before anything is written
+    skipped: list[str] = []
+    rows = aggregate(read_records(folder, skipped))
+    for line in skipped:
+        print(f"skipped {line}", file=sys.stderr)
     if not rows:
-        raise ConfigError(f"{folder}: no result records (seed*.json) found")
+        raise ConfigError(f"{folder}: no result records (seed*.json) found" +
+                          (f" ({len(skipped)} skipped as bad)" if skipped else ""))
     bench_files = benchmark_files(Path(benchmark) if benchmark else folder / "benchmark")
     bench: dict[tuple[str, str, int], dict[str, Any]] = {}
     for path in bench_files:
@@ -318,27 +338,32 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
     write_csv(rows, COLUMNS + ["img_size", "val_images", "images_seen", "wall_s", "cpu"], out / "ranking.csv")
     cpus = sorted({str(r.get("cpu")) for r in rows})
     parts, charts = [], []
-    for epochs in sorted({r["epochs"] for r in rows}, key=lambda e: e or 0):
+    budgets = sorted({r["epochs"] for r in rows})
+    for epochs in budgets:
         sub = [r for r in rows if r["epochs"] == epochs]
-        png = plot_ranking(sub, out / f"accuracy_vs_throughput_{epochs}ep.png",
-                           f"CIFAR-10, {_budget_name(epochs)}, {sub[0].get('val_images')} validation images; "
-                           f"{', '.join(cpus)}")
-        charts.append(png)
+        chart = ""
+        if len(charts) < MAX_CHARTS:
+            png = plot_ranking(sub, out / chart_name(epochs),
+                               f"CIFAR-10, {_budget_name(epochs)}, {sub[0].get('val_images')} validation images; "
+                               f"{', '.join(cpus)}")
+            charts.append(png)
+            chart = f"\n\n![accuracy vs throughput, {_budget_name(epochs)}]({png.name})"
         hours = sum(r["wall_s"] for r in sub) / 3600
         runs = sum(len(r["seed_top1"]) for r in sub)  # one top-1 per record
         parts.append(f"**{_budget_name(epochs)}** ({runs} run{'s' if runs != 1 else ''} in {len(sub)} "
                      f"row{'s' if len(sub) != 1 else ''}, "
-                     f"{hours:.1f} hours of training wall time, pauses included)\n\n{_fmt(sub)}\n\n"
-                     f"![accuracy vs throughput, {_budget_name(epochs)}]({png.name})")
+                     f"{hours:.1f} hours of training wall time, pauses included)\n\n{_fmt(sub)}{chart}")
     sources = ", ".join(f"`{p}`" for p in bench_files) or "the quiet benchmark (not measured yet)"
     text = (f"Records: `{folder}` ({', '.join(cpus)}). Accuracy from the records; images/s and peak memory from "
             f"{sources}.\n\n" + "\n\n".join(parts))
-    (out / "ranking.md").write_text(text + "\n")
+    if len(budgets) > MAX_CHARTS:
+        text += f"\n\nCharts for the first {MAX_CHARTS} of {len(budgets)} budgets."
+    atomic_write_text(out / "ranking.md", text + "\n")
     if docs:
         rel = Path(docs).resolve().parent
         linked = text
         for png in charts:
             linked = linked.replace(f"]({png.name})", f"]({os.path.relpath(png.resolve(), rel)})")
         replace_block(Path(docs), linked)
-    return {"rows": rows, "md": out / "ranking.md", "csv": out / "ranking.csv", "charts": charts, "text": text}
-
+    return {"rows": rows, "md": out / "ranking.md", "csv": out / "ranking.csv", "charts": charts, "text": text,
+            "skipped": skipped}

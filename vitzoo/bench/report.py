@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -11,6 +12,8 @@ from typing import Any, Optional
 import matplotlib
 from matplotlib.figure import Figure  # the object API: no pyplot, no global backend, no open figures
 from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+from vitzoo.fileio import atomic_write_bytes, atomic_write_text
 
 MODEL_COLUMNS = [
     "backend",
@@ -159,11 +162,25 @@ def write_csv(rows: Rows, columns: Sequence[str], path: Path) -> None:
         path: file to write.
     """
     extra = sorted({k for r in rows for k in r} - set(columns))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns) + extra, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(columns) + extra, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    atomic_write_text(path, buf.getvalue())  # atomic, never through a symlink
+
+
+def save_figure(fig: Figure, path: Path, **savefig: Any) -> Path:
+    """Render ``fig`` as PNG and write it to ``path`` atomically (never through a symlink).
+
+    Args:
+        fig: the figure.
+        path: the PNG file.
+        **savefig: options of ``Figure.savefig`` (``dpi``, ``bbox_inches``).
+    """
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **savefig)
+    return atomic_write_bytes(path, buf.getvalue())
 
 
 def _range(r: Mapping[str, Any], key: str) -> str:
@@ -314,8 +331,7 @@ def plot_scaling(layers: Rows, path: Path, title: str = "") -> Optional[Path]:
         fig.text(0.01, 0.01, "not run: " + ", ".join(failed)[:300], fontsize=7)
     fig.suptitle(title or "one attention layer: time and memory versus tokens")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 # --------------------------------------------------------------------------------------------- files
@@ -349,10 +365,9 @@ def write_outputs(result: Mapping[str, Any], out: Path) -> None:
         out: the output folder (exists).
     """
     env = result["environment"]
-    (out / "environment.json").write_text(json.dumps(env, indent=2, default=str))
-    (out / "results.json").write_text(
-        json.dumps({k: v for k, v in result.items() if k != "out"}, indent=2, default=str)
-    )
+    atomic_write_text(out / "environment.json", json.dumps(env, indent=2, default=str))
+    atomic_write_text(out / "results.json", json.dumps({k: v for k, v in result.items() if k != "out"}, indent=2,
+                                                       default=str))
     sections = [_report_head(env)]
     for name, columns, md in TABLES:
         rows = result[name]
@@ -360,8 +375,8 @@ def write_outputs(result: Mapping[str, Any], out: Path) -> None:
             continue
         write_csv(rows, columns, out / f"{name}.csv")
         table = md(rows) if md else markdown_table(rows, columns)
-        (out / f"{name}.md").write_text(table + "\n")
+        atomic_write_text(out / f"{name}.md", table + "\n")
         sections.append(f"## {name}\n\n{table}\n")
     if result["layers"] and plot_scaling(result["layers"], out / "layer_scaling.png"):
         sections.append("![layer scaling](layer_scaling.png)\n")
-    (out / "report.md").write_text("\n".join(sections))
+    atomic_write_text(out / "report.md", "\n".join(sections))

@@ -24,7 +24,7 @@ from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.module import VitModule
-from vitzoo.training.records import build_record, existing_record, model_label, record_path, write_record
+from vitzoo.training.records import check_record_dir, existing_record, save_record
 from vitzoo.training.resume import (
     AtomicCheckpointIO,
     ResumableCSVLogger,
@@ -189,9 +189,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         say(f"skip_finished: {out_dir / 'results.json'} says finished; not training again")
         return json.loads((out_dir / "results.json").read_text())
     results = fit(cfg)[0]
-    if cfg.get("record_dir") and rank_zero_only.rank == 0:
-        path = record_path(cfg.record_dir, model_label(run["model"]), run["attention"]["name"], run.get("seed"))
-        say(f"record_dir: wrote {write_record(path, build_record(results, run))}")
+    if cfg.get("record_dir") and rank_zero_only.rank == 0:  # a record that cannot be written fails the job
+        say(f"record_dir: wrote {save_record(cfg.record_dir, results, run, out_dir / 'results.json')}")
     return results
 
 
@@ -201,6 +200,8 @@ def _fit(
     clock = ElapsedTime()  # wall time, summed over resumes through the checkpoints
     container = OmegaConf.to_container(cfg, resolve=True)
     check_run_options(container)
+    if container.get("record_dir"):
+        check_record_dir(container["record_dir"])  # before any training: the record must be writable
     pl.seed_everything(container["seed"], workers=True, verbose=False)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per run, also within a multirun
