@@ -4,8 +4,10 @@
 Each tuning run is one ``train.py`` job with ``record_dir=results/cifar10_tuning/<tag>``; its record holds the
 exact command. The table lists, per run, the levers it changes against the short recipe (the overrides of its
 command beyond the common ones), top-1 with its 95 % interval over the validation images, flip-TTA top-1 where
-it was measured, and the difference to the short recipe's own runs (``results/cifar10/3ep``, the mean of its
-seeds). Runs are listed in tag order (the order they were tried).
+it was measured, the top-1 after each epoch, and the difference to the short recipe's own runs
+(``results/cifar10/3ep``, the mean of its seeds). A run stopped early leaves ``<tag>/stopped.json`` (its command,
+the epochs it finished and why it was stopped) and is listed with its curve. Runs are listed in tag order (the
+order they were tried).
 
     python scripts/ablation.py                                  # print the table
     python scripts/ablation.py --docs docs/results.md           # refresh the generated block there
@@ -27,15 +29,20 @@ BEGIN, END = "<!-- cifar10-ablation:begin -->", "<!-- cifar10-ablation:end -->"
 COMMON = ("experiment=", "export=", "benchmark.", "record_dir=", "+callbacks.flip_tta")  # not levers
 
 
-def read(path: Path) -> dict:
-    """One record (JSON object) or a one-line error naming the file."""
+def read(path: Path, field: str = "top1") -> dict:
+    """One record (JSON object with ``field``) or a one-line error naming the file."""
     try:
         rec = json.loads(read_regular_text(path))
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: not a readable record ({type(e).__name__})") from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("top1"), float):
-        raise ConfigError(f"{path}: not a result record (top1 missing)")
+    if not isinstance(rec, dict) or field not in rec:
+        raise ConfigError(f"{path}: not a result record ({field} missing)")
     return rec
+
+
+def curve(values) -> str:
+    """Top-1 per epoch as ``52.3 / 63.5 / 67.8`` (– where the record has none)."""
+    return " / ".join(f"{100 * v:.1f}" for v in values) if values else "–"
 
 
 def levers(command: str) -> str:
@@ -53,6 +60,7 @@ def table(tuning: Path, baseline: Path) -> str:
         raise ConfigError(f"no records under {baseline} or {tuning}/<tag>/vit_cifar/global/")
     ref = statistics.fmean(r["top1"] for r in base)
     recs = [(p.parts[-4], read(p)) for p in runs]
+    stopped = [(p.parent.name, read(p, "val_top1_per_epoch")) for p in sorted(tuning.glob("*/stopped.json"))]
     cpus = sorted({r.get("cpu", "?") for _, r in recs})
     dates = sorted({r.get("date", "?") for _, r in recs})
     lines = [
@@ -61,14 +69,21 @@ def table(tuning: Path, baseline: Path) -> str:
         f"(`experiment=cifar10_short`): {100 * ref:.2f} % (mean of {len(base)} seeds). Regenerate: "
         "`python scripts/ablation.py --docs docs/results.md`.",
         "",
-        "| run | levers on top of `experiment=cifar10_short` | top-1 % (95 % CI) | Δ short | flip TTA % | commit |",
-        "|---|---|---|---|---|---|",
+        "| run | levers on top of `experiment=cifar10_short` | top-1 % per epoch | top-1 % (95 % CI) | Δ short "
+        "| flip TTA % | commit |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for tag, r in recs:
+    rows = [(tag, r, False) for tag, r in recs] + [(tag, r, True) for tag, r in stopped]
+    for tag, r, halted in sorted(rows, key=lambda row: row[0]):
+        if halted:
+            lines.append(f"| {tag} | {levers(r.get('command'))} | {curve(r['val_top1_per_epoch'])} "
+                         f"| stopped: {r.get('why', '')} | | | |")
+            continue
         low, high = r["top1_ci95"]
         tta = f"{100 * r['top1_tta']:.2f}" if isinstance(r.get("top1_tta"), float) else "–"
-        lines.append(f"| {tag} | {levers(r.get('command'))} | {100 * r['top1']:.2f} ({100 * low:.1f}–{100 * high:.1f}) "
-                     f"| {100 * (r['top1'] - ref):+.2f} | {tta} | {r.get('commit')} |")
+        lines.append(f"| {tag} | {levers(r.get('command'))} | {curve(r.get('top1_per_epoch'))} "
+                     f"| {100 * r['top1']:.2f} ({100 * low:.1f}–{100 * high:.1f}) | {100 * (r['top1'] - ref):+.2f} "
+                     f"| {tta} | {r.get('commit')} |")
     return "\n".join(lines)
 
 

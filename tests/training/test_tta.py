@@ -18,7 +18,7 @@ from vitzoo.training.tta import FlipTTA
 TINY = dict(name="vit_cifar", depth=1, embed_dim=32, num_heads=2, num_classes=3, img_size=16)
 QUIET = ["trainer.enable_progress_bar=false", "callbacks.rich_progress_bar=null", "trainer.num_sanity_val_steps=0",
          "benchmark.batch_size=4", "benchmark.warmup=1", "benchmark.steps=1", "export=false",
-         "+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=1",
+         "+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2", "trainer.max_epochs=2",
          "trainer.limit_train_batches=2", "trainer.limit_val_batches=2"]
 
 
@@ -47,11 +47,16 @@ def test_a_run_with_tta_reports_both_top1_values(tmp_path):
     assert 0 <= results["best_val_acc"] <= 1 and 0 <= results["best_val_acc_tta"] <= 1
     record = json.loads(next((tmp_path / "records").rglob("seed0.json")).read_text())
     assert record["top1_tta"] == results["best_val_acc_tta"] and record["top1"] == results["best_val_acc"]
+    curve, curve_tta = results["val_acc_per_epoch"], results["val_acc_tta_per_epoch"]
+    assert len(curve) == len(curve_tta) == 2 and record["top1_per_epoch"] == curve
+    assert results["best_val_acc"] == pytest.approx(max(curve), abs=1e-6)  # the best epoch's weights, evaluated again
+    assert results["best_val_acc_tta"] == pytest.approx(curve_tta[curve.index(max(curve))], abs=1e-6)
 
 
 def test_without_tta_the_field_is_empty(tmp_path):
     results = train(compose_cfg(QUIET, tmp_path / "run"))
-    assert results["best_val_acc_tta"] is None
+    assert results["best_val_acc_tta"] is None and results["val_acc_tta_per_epoch"] is None
+    assert len(results["val_acc_per_epoch"]) == 2
 
 
 def test_unknown_optimiser_names_the_option():
