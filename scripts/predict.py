@@ -1,70 +1,74 @@
 #!/usr/bin/env python
 """Top-5 classes of images from a trained model, with the preprocessing saved beside it.
 
-Examples (from the repository root):
+Examples (from the repository root; ``<run>`` is a training run's folder):
 
-    python scripts/predict.py outputs/train/<date>/<time>_<run>/export cat.jpg dog.png
-    python scripts/predict.py outputs/train/<date>/<time>_<run>/export photos/ backend=onnx
-    python scripts/predict.py outputs/train/<date>/<time>_<run>/checkpoints/last.ckpt photos/ topk=3
+    python scripts/predict.py <run>/export cat.jpg dog.png
+    python scripts/predict.py <run>/export photos/ --backend onnx
+    python scripts/predict.py <run>/checkpoints/last.ckpt photos/ --topk 3
 
 Arguments: an export folder (``config.json`` + ``model.safetensors`` / ``model.onnx``) or a ``.ckpt``,
-then image files or folders (searched recursively). Options (``key=value``): ``backend=safetensors``
-(default, eager vitzoo) or ``backend=onnx`` (onnxruntime), ``topk=5``, ``batch_size=32``.
-An image that cannot be read is one ``error:`` line on stderr; the other images are still predicted
-(exit status 1 when any failed). Names are printed with newlines and control characters escaped.
+then image files or folders (searched recursively). The first line on stderr names the runtime (eager
+PyTorch or ONNX Runtime). Images are read by the same guarded reader as training data: regular files
+only (a FIFO is refused without being opened) and at most ``--max-pixels`` pixels. An image that cannot
+be read is one ``error:`` line on stderr naming it; the other images are still predicted (exit status 1
+when any failed). Names are printed with newlines and control characters escaped.
 """
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
-from typing import Any
 
-import yaml
-
+from vitzoo.data.datasets import MAX_PIXELS
 from vitzoo.export import Predictor, image_files, load_predictor, predict_files
-from vitzoo.export.predict import printable
+from vitzoo.export.predict import BACKENDS, printable
 from vitzoo.registry import ConfigError
 
-OPTIONS = {"backend": "safetensors", "topk": 5, "batch_size": 32}  # key=value options and their defaults
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises a one-line :class:`ConfigError` instead of printing usage and exiting."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
 
 
-def parse(argv: list[str]) -> tuple[str, list[str], dict[str, Any]]:
-    """The model path, the image paths and the ``key=value`` options."""
-    options, paths = dict(OPTIONS), []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key in OPTIONS:
-            options[key] = yaml.safe_load(value)
-        else:
-            paths.append(arg)
-    if len(paths) < 2:
-        raise ConfigError(
-            "usage: python scripts/predict.py <export folder or .ckpt> <images or folders> [backend=onnx] [topk=5]"
-        )
-    return paths[0], paths[1:], options
+def parser() -> ArgumentParser:
+    """The command line: the model, the images and the options."""
+    p = ArgumentParser(prog="scripts/predict.py", description=__doc__.splitlines()[0],
+                       epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="an export folder or a training checkpoint (.ckpt)")
+    p.add_argument("images", nargs="+", help="image files or folders (searched recursively)")
+    p.add_argument("--backend", choices=BACKENDS, default="safetensors",
+                   help="safetensors: eager PyTorch (default); onnx: ONNX Runtime on model.onnx (export folders)")
+    p.add_argument("--topk", type=int, default=5, help="classes printed per image (default 5)")
+    p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
+    p.add_argument("--max-pixels", type=int, default=MAX_PIXELS,
+                   help=f"largest image (width x height) read; a larger one is refused (default {MAX_PIXELS})")
+    return p
 
 
-def checkpoint_predictor(ckpt_path: str, backend: str) -> Predictor:
-    """A :class:`~vitzoo.export.Predictor` running a training checkpoint's network (eager only)."""
-    if backend != "safetensors":
-        raise ConfigError(f"backend={backend} needs an export folder; export the checkpoint with scripts/export.py")
-    from vitzoo.training import load_checkpoint_net  # Lightning only for checkpoints
+def load(model: str, backend: str) -> Predictor:
+    """The predictor of a checkpoint or an export folder: ONNX Runtime from an export folder, else eager."""
+    if backend == "onnx":
+        if model.endswith(".ckpt"):
+            raise ConfigError(f"--backend onnx needs an export folder; export {model} with scripts/export.py "
+                              f"ckpt_path={model} formats=[onnx]")
+        return load_predictor(model, backend="onnx")
+    from vitzoo.training.evaluate import load_trained  # Lightning only once the arguments are good
 
-    return Predictor(*load_checkpoint_net(Path(ckpt_path).expanduser()))
+    net, data = load_trained(model)
+    return Predictor(net, data, "eager PyTorch")
 
 
 def main(argv: list[str]) -> int:
+    failed = 0
     try:
-        model_path, inputs, options = parse(argv)
-        predictor = (
-            checkpoint_predictor(model_path, options["backend"])
-            if model_path.endswith(".ckpt")
-            else load_predictor(model_path, backend=options["backend"])
-        )
-        results = predict_files(
-            predictor, image_files(inputs), topk=options["topk"], batch_size=options["batch_size"]
-        )
-        failed = 0
+        args = parser().parse_args(argv)
+        files = image_files(args.images)
+        predictor = load(args.model, args.backend)
+        print(f"predict: {printable(args.model)} on {predictor.runtime}", file=sys.stderr, flush=True)
+        results = predict_files(predictor, files, topk=args.topk, batch_size=args.batch_size,
+                                max_pixels=args.max_pixels, option="--max-pixels")
         for path, top in results:
             if isinstance(top, ConfigError):
                 failed += 1

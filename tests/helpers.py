@@ -174,3 +174,21 @@ def pattern_mismatch(reached: torch.Tensor, allowed: torch.Tensor) -> str:
         return ""
     return (f"{len(missing)} allowed pairs do not move the output (first {missing[:4]}), "
             f"{len(extra)} other pairs do (first {extra[:4]})")
+
+
+def bomb_png(path: Path, side: int = 20000) -> Path:
+    """A 1-bit black PNG of ``side`` × ``side`` pixels written chunk by chunk: a few kB on disk, ``side²`` pixels
+    when decoded (a decompression bomb); nothing of that size is ever held in memory here."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    row = b"\x00" * (1 + (side + 7) // 8)  # filter byte + the packed bits of one row
+    packer = zlib.compressobj(9)
+    idat = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)  # width, height, 1 bit, greyscale
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return path

@@ -6,7 +6,7 @@ import urllib.error
 import pytest
 import torch
 from conftest import CIFAR_ROOT
-from helpers import image_folder
+from helpers import bomb_png, image_folder
 from PIL import Image
 
 from vitzoo.data.datamodules import CIFARDataModule, DigitsDataModule, ImageFolderDataModule
@@ -263,3 +263,19 @@ def test_cifar_device_augment_path_normalises_on_the_device_side(tmp_path, monke
         torch.testing.assert_close(out[i], expected[:, None, None].expand(3, 32, 32), rtol=0, atol=1e-5)
     train_x, _ = dm.device_batch(next(iter(dm.train_dataloader())), train=True)
     assert train_x.shape == (10, 3, 32, 32) and train_x.dtype == torch.float32
+
+
+def test_a_decompression_bomb_in_training_data_names_the_file_and_data_root(tmp_path):
+    """A 20000×20000 1-bit PNG (a few kB) among the training images is one line naming it and data.root; it is
+    refused from its header, before anything is decoded, and the other images still read."""
+    from vitzoo.data.datasets import image_folder as read_folder
+
+    image_folder(tmp_path, per_class=2, split="train", **COLOURED)
+    bomb = bomb_png(tmp_path / "train" / "cat" / "zz_bomb.png")
+    found = read_folder(tmp_path / "train")
+    index = [p for p, _ in found.samples].index(str(bomb))
+    with pytest.raises(ConfigError, match=r"^cannot read image .*zz_bomb.png \(400000000 pixels, over the limit of "
+                                          r"67108864\); remove or replace it under data.root") as err:
+        found[index]
+    assert "\n" not in str(err.value)
+    assert found[0][0].size == (12, 12)

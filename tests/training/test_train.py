@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -122,7 +121,7 @@ def test_tiny_training_reload_export_and_eval(model, attention, tmp_path):
     if attention != "routing":  # routing's span S follows the data, so its count moves with the weights
         assert report["gmacs"] == pytest.approx(on_disk["gmacs"])
     written = json.loads(Path(report["report_path"]).read_text())
-    assert Path(report["report_path"]).name == os.path.basename(on_disk["best_ckpt"])[:-5] + ".digits.eval.json"
+    assert Path(report["report_path"]) == tmp_path / "eval" / "eval.json"  # in the eval run's own folder
     assert written["val_acc5"] == report["val_acc5"] and written["infer_images_per_s"] > 0
 
 
@@ -328,7 +327,8 @@ def test_entry_points_multirun_and_eval(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(open(good["best_ckpt"][:-5] + ".digits.eval.json").read())
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert f"report -> {tmp_path / 'eval' / 'eval.json'}" in proc.stdout.replace("\n", "")
     assert report["model"] == "vit_cifar" and 0 <= report["val_acc"] <= 1 and report["num_val_images"] == 180
 
 

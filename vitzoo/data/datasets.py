@@ -2,14 +2,19 @@
 device, a resumable epoch shuffle, image files read as RGB, a class-balanced train/val split."""
 from __future__ import annotations
 
+import os
+import re
+import warnings
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import Dataset, RandomSampler
 
+from vitzoo.fileio import file_kind
 from vitzoo.registry import ConfigError
 
 
@@ -70,21 +75,62 @@ class EpochShuffle(RandomSampler):
         self.generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
 
 
-def read_rgb(path: str) -> Any:
-    """Open an image file as RGB (greyscale, palette and CMYK are converted); an unreadable file is one line."""
+MAX_PIXELS = 8192 * 8192  # largest image (width × height) read by default: 67 MP, 201 MB decoded as RGB
+
+
+def check_max_pixels(value: Any, option: str) -> int:
+    """``value`` as a positive integer pixel count, else a one-line ConfigError naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{option} must be a positive integer number of pixels (got {value!r})")
+    return value
+
+
+def read_rgb(path: Union[str, Path], max_pixels: int = MAX_PIXELS, hint: str = "remove or replace it") -> Any:
+    """Open an image file as RGB (greyscale, palette and CMYK are converted), guarded against hostile files.
+
+    Only a regular file is opened (a FIFO, device or socket is refused before any ``open``), and an image
+    whose header declares more than ``max_pixels`` pixels is refused before it is decoded (PIL's own
+    decompression-bomb limit, about 179 MP, applies beyond that). Any failure is one ``ConfigError`` line
+    naming the file and ending with ``hint``.
+
+    Args:
+        path: the image file.
+        max_pixels: the largest width × height read.
+        hint: what the reader of the message can do, e.g. ``remove or replace it under data.root=...``.
+    """
     from PIL import Image
 
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError(f"cannot read image {path} ({reason}); {hint}")
+
     try:
-        with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
+        if kind := file_kind(os.stat(path).st_mode):
+            raise refuse(f"{kind}, not a regular file")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a file swapped for a FIFO never blocks
+        with os.fdopen(fd, "rb") as f:
+            if kind := file_kind(os.fstat(f.fileno()).st_mode):
+                raise refuse(f"{kind}, not a regular file")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(f)
+                width, height = image.size
+                if width * height > max_pixels:
+                    raise refuse(f"{width}×{height} = {width * height} pixels, over the limit of {max_pixels}")
+                return image.convert("RGB")
+    except ConfigError:
+        raise
+    except Image.DecompressionBombError as e:  # PIL's own limit, checked on open (beyond about 179 MP)
+        pixels = re.search(r"(\d+) pixels", str(e))
+        limit = min(max_pixels, 2 * (Image.MAX_IMAGE_PIXELS or max_pixels))
+        raise refuse(f"{pixels[1] if pixels else 'too many'} pixels, over the limit of {limit}") from None
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read image {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                          f"remove or replace it under data.root") from None
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise refuse(f"{type(e).__name__}: {detail}") from None
 
 
 def image_folder(folder: Path) -> Any:
-    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb`);
-    one-line errors naming data.root."""
+    """torchvision's ``ImageFolder`` over ``folder`` (images read by :func:`read_rgb` at its default
+    :data:`MAX_PIXELS`); one-line errors naming the file and data.root."""
     from torchvision.datasets import ImageFolder
 
     class VisibleImageFolder(ImageFolder):
@@ -99,7 +145,8 @@ def image_folder(folder: Path) -> Any:
             return classes, {c: i for i, c in enumerate(classes)}
 
     try:
-        found = VisibleImageFolder(str(folder), loader=read_rgb)
+        loader = partial(read_rgb, hint=f"remove or replace it under data.root (here {folder})")
+        found = VisibleImageFolder(str(folder), loader=loader)
     except FileNotFoundError as e:  # no class folders, or class folders without images
         detail = (str(e).splitlines() or [""])[0]
         raise ConfigError(

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_model as _load_safetensors
 from safetensors.torch import save_model as _save_safetensors
@@ -33,15 +35,22 @@ from vitzoo.untrusted import (
     load_weights,
     offline_options,
     read_json,
-    replace_file,
+    write_folder,
+    write_new,
 )
 
 WEIGHTS, CONFIG, FORMAT = "model.safetensors", "config.json", "vitzoo-export/1"
+OWNED = (WEIGHTS, CONFIG, *FILES.values())  # the files an export writes; a replace removes only these
 
 
 def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dict[str, Any]] = None,
-                 formats: Sequence[str] = ("safetensors",)) -> Path:
-    """Write ``out_dir/model.safetensors`` and ``out_dir/config.json``; return ``out_dir``.
+                 formats: Sequence[str] = ("safetensors",), replace: bool = False) -> Path:
+    """Write ``model.safetensors``, ``config.json`` and the other formats into ``out_dir`` atomically; return it.
+
+    Every file is written and checked in a staging folder first, then renamed into ``out_dir`` (see
+    :func:`vitzoo.untrusted.write_folder`): a failed export leaves ``out_dir`` as it was. ``out_dir`` must be
+    new, empty, or hold an export (:func:`is_export`); any other folder, a file or a symlink is refused.
+    An export of the same weights and config gains the new formats beside its old ones.
 
     Args:
         model: a model from :func:`vitzoo.create_model` (it knows its ``variant``, ``cfg`` and ``attention_cfg``).
@@ -50,22 +59,104 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dic
         formats: also ``onnx``, ``torchscript``, ``pt2`` (:mod:`vitzoo.export.formats`: each file is
             checked against eager; ``ExportError`` names the format and op that fail).
             ``model.safetensors`` and ``config.json`` are always written.
+        replace: when ``out_dir`` holds an export of other weights or another config, replace it (its
+            files of other formats are removed); false: refuse in one line.
     """
     formats = check_formats(list(formats))
     out = Path(out_dir)
-    if out.is_symlink():
-        raise ConfigError(f"export folder {out} is a symlink; vitzoo writes only into real folders")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in (WEIGHTS, CONFIG, *FILES.values()):  # a planted symlink is replaced, its target left alone
-        if (out / name).is_symlink():
-            (out / name).unlink()
-    config = {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
-              "attention": attention_spec(model), "data": data or {}}
-    _save_safetensors(model, str(out / WEIGHTS))
-    replace_file(out / CONFIG, json.dumps(config, indent=2) + "\n")
+    config = export_config(model, data)
+    remove: tuple[str, ...] = ()
+    if out.is_symlink() or (os.path.lexists(out) and not out.is_dir()):
+        kind = "a symlink" if out.is_symlink() else "a file"
+        raise ConfigError(f"export folder {out} is {kind}; an export goes into a new folder or an export folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not is_export(out):
+            raise ConfigError(f"export folder {out} holds other files but no export ({CONFIG} + {WEIGHTS}); "
+                              f"an export goes into a new folder or an export folder")
+        if not holds(out, model, config):
+            if not replace:
+                raise ConfigError(f"export folder {out} holds an export of other weights or another config; "
+                                  f"replace=true replaces it, or choose another folder")
+            remove = OWNED
+    return write_folder(lambda folder: _write(model, folder, config, formats), out, remove=remove)
+
+
+def export_config(model: nn.Module, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The ``config.json`` of a model: format tag, variant, every model option, attention spec, preprocessing."""
+    return {"format": FORMAT, "model": model.variant, "model_options": model_kwargs(model),
+            "attention": attention_spec(model), "data": data or {}}
+
+
+def _write(model: nn.Module, folder: Path, config: dict[str, Any], formats: list[str]) -> None:
+    """Every file of an export into the (empty) staging ``folder``."""
+    _save_safetensors(model, str(folder / WEIGHTS))
+    write_new(folder / CONFIG, json.dumps(config, indent=2) + "\n")
     for fmt in formats:
         if fmt != "safetensors":
-            export_format(model, out, fmt)
+            export_format(model, folder, fmt)
+
+
+def is_export(folder: Union[str, Path]) -> bool:
+    """Whether ``folder`` holds a vitzoo export: ``config.json`` with the export format tag beside ``model.safetensors``
+    (both regular files, not symlinks)."""
+    config, weights = Path(folder) / CONFIG, Path(folder) / WEIGHTS
+    if any(f.is_symlink() or not f.is_file() for f in (config, weights)):
+        return False
+    try:
+        return read_json(config, "export config").get("format") == FORMAT
+    except ConfigError:
+        return False
+
+
+def holds(folder: Union[str, Path], model: nn.Module, config: Mapping[str, Any]) -> bool:
+    """Whether the export in ``folder`` has exactly ``config`` and ``model``'s weights (so its other formats
+    describe the same model).
+
+    Args:
+        folder: an export folder (:func:`is_export`).
+        model: the model about to be exported.
+        config: its ``config.json`` (:func:`export_config`).
+    """
+    if not is_export(folder) or read_json(Path(folder) / CONFIG, "export config") != json.loads(json.dumps(config)):
+        return False
+    state = model.state_dict()
+    try:
+        with safe_open(str(Path(folder) / WEIGHTS), "pt") as f:
+            keys = set(f.keys())
+            if not keys <= set(state) or any(k not in keys and not _shared(k, state) for k in state):
+                return False
+            return all(torch.equal(f.get_tensor(k), state[k].detach().cpu()) for k in keys)
+    except Exception:  # an unreadable weights file holds no usable export
+        return False
+
+
+def _shared(key: str, state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``state[key]`` shares storage with another entry (safetensors saves such a tensor once)."""
+    ptr = state[key].untyped_storage().data_ptr()
+    return sum(v.untyped_storage().data_ptr() == ptr for v in state.values()) > 1
+
+
+def default_export_dir(path: Union[str, Path], model: nn.Module, data: Optional[dict[str, Any]] = None) -> Path:
+    """Where ``scripts/export.py`` writes by default, beside what it read and never above its run folder.
+
+    An export folder is written into itself (new formats are added). A checkpoint in a run's ``checkpoints/``
+    (a run folder holds ``results.json``) goes to the run's ``export/`` when that is new or holds the same
+    model, else to ``export-<checkpoint name>/``. Any other checkpoint goes beside it, to ``<name>-export/``.
+
+    Args:
+        path: the checkpoint or export folder (or a file in it) read.
+        model: the model read from it.
+        data: its preprocessing (part of the config compared with an existing export).
+    """
+    p = Path(path)
+    if p.suffix != ".ckpt":
+        return p if p.is_dir() else p.parent
+    run = p.parent.parent
+    if p.parent.name != "checkpoints" or not (run / "results.json").is_file():
+        return p.with_name(f"{p.stem}-export")
+    out = run / "export"
+    if os.path.lexists(out) and not holds(out, model, export_config(model, data)):
+        return run / f"export-{p.stem}"
     return out
 
 

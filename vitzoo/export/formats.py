@@ -160,7 +160,7 @@ def export_format(model: nn.Module, out_dir: str | Path, fmt: str) -> tuple[Path
         model.train(was)
     if not diff <= TOLERANCE:
         raise ExportError(f"attention={backend}: {path.name} differs from eager by {diff:.2e} > {TOLERANCE} ({fmt})")
-    console.print(f"{fmt}: {path} max |diff| vs eager {diff:.2e} (batch {', '.join(map(str, CHECK_BATCHES))})",
+    console.print(f"{fmt}: {path.name} max |diff| vs eager {diff:.2e} (batch {', '.join(map(str, CHECK_BATCHES))})",
                   markup=False, highlight=False, soft_wrap=True)
     return path, diff
 

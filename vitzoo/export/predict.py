@@ -5,10 +5,12 @@
 >>> for path, top in predict_files(predictor, ["cat.jpg"]): print(path, top)
 
 A training checkpoint becomes a :class:`Predictor` with
-``Predictor(*vitzoo.training.load_checkpoint_net(ckpt_path))``.
+``Predictor(*vitzoo.training.evaluate.load_trained(ckpt_path))``. Images are read by the guarded reader
+training uses (:func:`vitzoo.data.datasets.read_rgb`: regular files only, at most ``max_pixels`` pixels).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -16,7 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import Tensor
 
-from vitzoo.data.datasets import read_rgb
+from vitzoo.data.datasets import MAX_PIXELS, check_max_pixels, read_rgb
 from vitzoo.data.transforms import build_transform
 from vitzoo.export.files import load_model
 from vitzoo.export.formats import FILES, read_onnx
@@ -35,10 +37,12 @@ class Predictor:
     Args:
         run: images -> logits.
         data: ``img_size``, ``mean``, ``std``, ``classes`` as saved with the model.
+        runtime: what runs the model, for the user (``eager PyTorch``, ``ONNX Runtime``).
     """
 
     run: Callable[[Tensor], Tensor]
     data: dict[str, Any]
+    runtime: str = "eager PyTorch"
 
 
 def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
@@ -62,18 +66,22 @@ def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
         onnx_file = folder / FILES["onnx"]
         if not onnx_file.is_file():
             raise ConfigError(f"backend=onnx: no {onnx_file}; export it with scripts/export.py formats=[onnx]")
-        return Predictor(read_onnx(onnx_file), data)
-    return Predictor(load_model(folder), data)
+        return Predictor(read_onnx(onnx_file), data, f"ONNX Runtime ({onnx_file.name})")
+    return Predictor(load_model(folder), data, "eager PyTorch (model.safetensors)")
 
 
 def image_files(inputs: list[str]) -> list[Path]:
-    """Image files given directly or found (recursively, sorted) in given folders."""
+    """Image files given directly or found (recursively, sorted) in given folders.
+
+    Nothing is opened here: an entry that is not a regular file (a FIFO named ``x.png``) is listed and
+    refused by the reader in its own line.
+    """
     files: list[Path] = []
     for item in inputs:
         p = Path(item).expanduser()
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_TYPES)
-        elif p.is_file():
+            files += sorted(f for f in p.rglob("*") if f.suffix.lower() in IMAGE_TYPES and not f.is_dir())
+        elif os.path.lexists(p):
             files.append(p)
         else:
             raise ConfigError(f"image path {p} does not exist")
@@ -109,23 +117,33 @@ def check_predict_options(data: dict[str, Any], topk: Any, batch_size: Any) -> i
     return size
 
 
-def predict_files(predictor: Predictor, files: list[Path], topk: int = 5,
-                  batch_size: int = 32) -> Iterator[tuple[Path, Any]]:
+def predict_files(predictor: Predictor, files: list[Path], topk: int = 5, batch_size: int = 32,
+                  max_pixels: int = MAX_PIXELS, option: str = "max_pixels") -> Iterator[tuple[Path, Any]]:
     """``(file, [(class, probability), ...])`` with the ``topk`` classes of every image, or ``(file, error)``
     (a :class:`ConfigError` naming the file) for an image that cannot be read: the others go on.
 
     Images are preprocessed as at evaluation (vitzoo's eval transform at the saved ``img_size``,
     ``mean``, ``std``). Class names are :func:`printable`.
+
+    Args:
+        predictor: the model and its saved preprocessing.
+        files: the images (:func:`image_files`).
+        topk: classes per image.
+        batch_size: images per forward pass.
+        max_pixels: the largest image (width × height) read; a larger one is one error.
+        option: how the caller names ``max_pixels`` (``--max-pixels`` on predict's command line), for messages.
     """
     d = predictor.data
     transform = build_transform(check_predict_options(d, topk, batch_size), d["mean"], d["std"], train=False)
+    max_pixels = check_max_pixels(max_pixels, option)
+    hint = f"skipped, the other images go on ({option}={max_pixels} limits the pixels read)"
     classes = [printable(c) for c in (d.get("classes") or [])]
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
         images, failed = {}, {}
         for f in chunk:
             try:
-                images[f] = transform(read_rgb(str(f)))
+                images[f] = transform(read_rgb(f, max_pixels, hint))
             except ConfigError as e:
                 failed[f] = e
         yield from _top(predictor, chunk, images, failed, topk, classes)

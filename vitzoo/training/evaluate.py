@@ -3,9 +3,10 @@
 The model is rebuilt from the checkpoint's own hyper-parameters; the data is the checkpoint's
 training data config unless ``data=<group>`` picks another (``+data.key=value`` changes one option
 of the checkpoint's data). Reports top-1, top-5, loss, inference images/s, params and GMACs,
-prints them and writes ``<checkpoint stem>.<data name>.eval.json`` beside the checkpoint (in the
-eval run folder when the checkpoint's folder is read-only). A report never replaces another one
-(``-2``, ``-3`` … are added to the name) and is never written through a symlink.
+prints them and writes ``eval.json`` into the eval run's own folder (``paths.output_dir``), printing its
+path. A report never replaces another one (``-2``, ``-3`` … are added to the name) and is never written
+through a symlink. :func:`load_trained` is how the commands that run a trained model (``scripts/export.py``,
+``scripts/predict.py``) read a checkpoint or an export folder.
 
 Preprocessing belongs to the model: the mean, std and image size saved with the checkpoint (the
 ``data`` hyper-parameter) are used whatever data group supplies the images; a different value given
@@ -15,17 +16,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Union
 
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
+from torch import nn
 
 from vitzoo.bench.memory import PeakMemory
+from vitzoo.export import load_model
 from vitzoo.flops import count_flops
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
-from vitzoo.training.module import module_from_checkpoint
+from vitzoo.training.module import load_checkpoint_net, module_from_checkpoint
 from vitzoo.training.run_checks import check_img_size
 from vitzoo.training.safe_load import checkpoint_hparams, safe_instantiate, saved_data_config
 from vitzoo.training.train import build_datamodule
@@ -97,30 +100,32 @@ def data_config(cfg: DictConfig, ckpt: dict[str, Any]) -> DictConfig:
     return OmegaConf.create(model_preprocessing(merged["data"], dict(saved_pre), command_line_keys(cfg)))
 
 
-def write_report(report: dict[str, Any], ckpt: Path, fallback: Optional[Path]) -> Path:
-    """Write ``<ckpt stem>.<data>.eval.json`` as a new file beside the checkpoint, else in ``fallback``.
+def write_report(report: dict[str, Any], folder: Path) -> Path:
+    """Write the report as a new ``eval.json`` (``eval-2.json`` … when taken) in the eval run's folder.
 
     Args:
-        report: the eval report (its ``data`` names the data set).
-        ckpt: the evaluated checkpoint.
-        fallback: the eval run folder, used when the checkpoint's folder cannot be written.
+        report: the eval report.
+        folder: the eval run's own folder (``paths.output_dir``).
     """
-    name = f"{ckpt.stem}.{safe_name(str(report['data']))}.eval.json"
-    text = json.dumps(report, indent=2) + "\n"
-    for folder in (ckpt.parent, fallback):
-        if folder is None:
-            continue
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            return write_new(free_path(folder / name), text)
-        except OSError as e:
-            last = e
-    raise ConfigError(f"cannot write the eval report {name} beside {ckpt} or in the eval run folder ({last.strerror})")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return write_new(free_path(folder / "eval.json"), json.dumps(report, indent=2) + "\n")
+    except OSError as e:
+        raise ConfigError(f"cannot write the eval report into {folder} ({e.strerror}); "
+                          f"choose a writable hydra.run.dir") from None
 
 
-def safe_name(text: str) -> str:
-    """``text`` with every character other than letters, digits, ``-``, ``_`` and ``.`` replaced by ``_``."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip(".") or "data"
+def load_trained(path: Union[str, Path]) -> tuple[nn.Module, dict[str, Any]]:
+    """The network (eval mode) of a training checkpoint or an export folder, and the preprocessing saved with it.
+
+    Args:
+        path: a ``.ckpt`` written by vitzoo training, or an export folder (or a file in it).
+    """
+    p = Path(path).expanduser()
+    if p.suffix == ".ckpt":
+        return load_checkpoint_net(p)
+    model = load_model(p)
+    return model, dict(model.export_config.get("data") or {})
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -180,7 +185,7 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
         "gmacs": report.measured / 1e9,
         "gmacs_analytic": report.analytic / 1e9,
     }
-    report_path = write_report(out, path, Path(cfg.paths.output_dir) if cfg.get("paths") else None)
+    report_path = write_report(out, Path(cfg.paths.output_dir) if cfg.get("paths") else Path.cwd())
     out["report_path"] = str(report_path)
 
     table = Table(title=f"eval {path.name} on {dm.name} ({out['num_val_images']} images)")
@@ -194,4 +199,4 @@ def _evaluate(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-__all__ = ["data_config", "evaluate"]
+__all__ = ["data_config", "evaluate", "load_trained"]

@@ -248,7 +248,7 @@ def _fit(
 
     export_dir = out_dir / "export" if cfg.get("export", True) else None
     if export_dir is not None and rank_zero_only.rank == 0:
-        write_export(partial(export_model, module.net, data=dm.describe()), export_dir)
+        write_export(partial(export_model, module.net, data=dm.describe(), replace=True), export_dir)
     infer = trainer_throughput(trainer, module.net, bench)
     # MFU: analytic MACs x 3 (forward + backward) per training image over the machine's cached matmul peak
     peak = matmul_peak(trainer.strategy.root_device, precision_dtype(cfg.trainer.get("precision")))
