@@ -8,7 +8,10 @@
 from vitzoo.attention import build_attention, list_attention, register_attention
 from vitzoo.export import export_model, load_model
 from vitzoo.models import create_model, list_models, natural_attention
+from vitzoo.quiet import quiet_known_notices
 from vitzoo.registry import ConfigError
+
+quiet_known_notices()  # four known third-party notices hidden (VITZOO_SHOW_WARNINGS=1 shows them)
 
 __version__ = "0.1.0"
 

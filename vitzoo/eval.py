@@ -15,7 +15,7 @@ def hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The ``vitzoo-eval`` command: a bad ``group=option`` is one line naming the choices, then Hydra runs."""
-    check_command_line()
+    check_command_line(config_name="eval")
     hydra_main()
 
 

@@ -8,6 +8,7 @@ options through ``**kwargs``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -35,9 +36,11 @@ def build_config(config_cls: type, options: Mapping[str, Any], prefix: str) -> A
     fields = _fields(config_cls)
     unknown = sorted(set(options) - set(fields))
     if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), sorted(fields), n=1)  # a typo: name the nearest option
         raise ConfigError(
             f"unknown option {prefix}.{unknown[0]} for {config_cls.__name__}; "
-            f"valid options: {', '.join(sorted(fields)) or '(none)'}"
+            + (f"did you mean {prefix}.{close[0]}? " if close else "")
+            + f"valid options: {', '.join(sorted(fields)) or '(none)'}"
         )
     missing = sorted(n for n, f in fields.items() if _required(f) and n not in options)
     if missing:

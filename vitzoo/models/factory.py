@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from torch import nn
 
@@ -131,6 +131,16 @@ def model_config(name: str, **overrides: Any) -> Any:
     return MODELS.config({"name": name, **overrides})
 
 
+def model_fields(name: Optional[str] = None) -> list[str]:
+    """The fields ``model.<field>=`` accepts: those of the variant's config dataclass (None: of every family's).
+
+    Args:
+        name: a variant from :func:`list_models`, or None for the union over every registered family.
+    """
+    classes = {MODELS.get(n)[1] for n in ([name] if name is not None else MODELS.names())}
+    return sorted({f.name for c in classes for f in dataclasses.fields(c) if f.init})
+
+
 def natural_attention(name: str) -> str:
     """The attention a variant is built with when none is given: its family's (Swin: window, ViT: global)."""
     return MODELS.get(name)[0].natural_attention
@@ -162,4 +172,4 @@ def attention_spec(model: nn.Module) -> dict[str, Any]:
 
 
 __all__ = ["MODELS", "attention_spec", "build_model", "check_ranges", "estimate_params", "list_models", "model_config",
-           "model_kwargs", "natural_attention", "register_model"]
+           "model_fields", "model_kwargs", "natural_attention", "register_model"]

@@ -21,10 +21,16 @@ After loading, one line each reports the loaded, new and ignored tensors (and th
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from rich.console import Console
@@ -106,18 +112,71 @@ def cache_folders() -> str:
     return f"{HF_HUB_CACHE} or {Path(torch.hub.get_dir()) / 'checkpoints'}"
 
 
+HUB_PROBE_S = 3.0  # how long the Hugging Face hub probe waits for a TCP connection (DNS included)
+
+
+def hub_reachable(timeout: float = HUB_PROBE_S) -> bool:
+    """Whether a TCP connection to the Hugging Face hub (or the HTTPS proxy in the environment) opens within
+    ``timeout`` seconds; False at once under ``HF_HUB_OFFLINE=1``.
+
+    Args:
+        timeout: seconds for name resolution and the connection together.
+    """
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return False
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlparse(proxy if proxy else constants.ENDPOINT)
+    address = (url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo has no timeout of its own
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+@contextlib.contextmanager
+def hub_offline(offline: bool) -> Iterator[None]:
+    """Within the block, huggingface_hub reads only its cache (as under ``HF_HUB_OFFLINE=1``) when ``offline``."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = before or offline
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
 def read_timm(name: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """timm's pretrained ``name`` (its own download and cache) as a state dict and its architecture facts."""
+    """timm's pretrained ``name`` (its own download and cache) as a state dict and its architecture facts.
+
+    Without a connection to the hub (a short probe) or with ``HF_HUB_OFFLINE=1``, only the cache is read, so an
+    uncached name fails at once with one line instead of retrying the download.
+    """
     import timm
 
     if not timm.is_model(name):
         raise ConfigError(f"model.pretrained=timm:{name}: timm has no model named {name!r}")
+    offline = not hub_reachable()
     try:
-        net = timm.create_model(name, pretrained=True)
+        with hub_offline(offline):
+            net = timm.create_model(name, pretrained=True)
     except Exception as e:  # offline and not cached, missing hub package, HTTP errors
+        why = "the Hugging Face hub is unreachable or HF_HUB_OFFLINE=1 is set" if offline else "the download failed"
         raise ConfigError(
-            f"model.pretrained=timm:{name}: not downloadable and not in the cache ({cache_folders()}); "
-            f"give a local file instead ({type(e).__name__})"
+            f"model.pretrained=timm:{name}: {why} and the weights are not in the cache ({cache_folders()}); "
+            f"download them once with network (HF_HUB_OFFLINE unset), or pass a local file: "
+            f"model.pretrained=<path>/model.safetensors ({type(e).__name__})"
         ) from None
     eps = next(m.eps for m in net.modules() if isinstance(m, nn.LayerNorm))
     facts: dict[str, Any] = {"norm_eps": eps}

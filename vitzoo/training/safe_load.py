@@ -39,6 +39,7 @@ ALLOWED_TARGETS: dict[str, set[str]] = {
         "vitzoo.training.resume.Checkpoint",
         "pytorch_lightning.callbacks.LearningRateMonitor",
         "pytorch_lightning.callbacks.RichProgressBar",
+        "vitzoo.training.run_log.ProgressBar",
         "pytorch_lightning.callbacks.TQDMProgressBar",
         "pytorch_lightning.callbacks.EarlyStopping",
         "vitzoo.training.callbacks.EMA",

@@ -37,6 +37,7 @@ from vitzoo.training.resume import (
     write_export,
 )
 from vitzoo.training.run_checks import check_run_options
+from vitzoo.training.run_log import keep_csv, run_console
 from vitzoo.training.run_overrides import (
     RunOverrides,
     check_same_run,
@@ -188,7 +189,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("skip_finished", False) and previous_status(out_dir) == "finished":
         say(f"skip_finished: {out_dir / 'results.json'} says finished; not training again")
         return json.loads((out_dir / "results.json").read_text())
-    results = fit(cfg)[0]
+    with run_console(out_dir):  # <run>/train.log holds the console; whole lines without a terminal
+        results = fit(cfg)[0]
     if cfg.get("record_dir") and rank_zero_only.rank == 0:  # a record that cannot be written fails the job
         say(f"record_dir: wrote {save_record(cfg.record_dir, results, run, out_dir / 'results.json')}")
     return results
@@ -216,7 +218,7 @@ def _fit(
         console.print(flops_table(report, f"{cfg.model.name} + attention={cfg.attention.name}"))
     results.update(params=report.params, gmacs=report.measured / 1e9, gmacs_analytic=report.analytic / 1e9)
 
-    loggers = instantiate_all(cfg.get("logger"), "logger")
+    loggers = keep_csv(instantiate_all(cfg.get("logger"), "logger"), out_dir)  # metrics.csv beside any other logger
     for logger in loggers:
         if isinstance(logger, ResumableCSVLogger):
             logger.resume_step = resume_step  # rows the killed run logged after the checkpoint are dropped

@@ -1,0 +1,165 @@
+"""What a training run shows and keeps: ``train.log`` with the run's console, whole paths without a terminal,
+a progress bar that counts epochs from 1, and the CSV logger kept beside any other logger.
+
+:func:`run_console` copies everything the run prints (Rich tables, progress lines, Lightning's messages,
+warnings, the one-line error) into ``<run>/train.log``, without colours; a live progress bar is copied once,
+as it looks when it stops. Without a terminal, Rich draws at :data:`WIDE` columns, so a path is never split.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from pytorch_lightning.callbacks import RichProgressBar
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from vitzoo.training.resume import ResumableCSVLogger
+from vitzoo.training.utils import console, one_line
+
+WIDE = 1000  # Rich's width when stdout is not a terminal: long lines (paths) are never wrapped
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour and cursor sequences
+_CURSOR = re.compile(r"\x1b\[[0-9]*[AK]|\x1b\[\?25l")  # cursor up / erase line / hide cursor: a live display
+
+
+class _Tee:
+    """A text stream that writes to ``stream`` and, without colours, to ``log``; the frames of a live display
+    (cursor movements) go to the log once, the last frame when the display ends (the cursor is shown again).
+
+    Args:
+        stream: the terminal or pipe (``sys.stdout`` / ``sys.stderr`` as they were).
+        log: the open ``train.log``.
+    """
+
+    def __init__(self, stream: TextIO, log: TextIO):
+        self.stream, self.log = stream, log
+        self.frame = ""  # the latest frame of a live display, not yet in the log
+
+    def write(self, text: str) -> int:
+        n = self.stream.write(text)
+        live = bool(_CURSOR.search(text))
+        if "\x1b[?25h" in text:  # a live display ends: its last frame goes to the log
+            before, _, after = text.partition("\x1b[?25h")
+            self._keep(self.frame if not _CURSOR.search(before) else before, live=True)
+            self.frame = ""
+            self._keep(after, live=False)
+        elif live:
+            self.frame = text
+        else:
+            self._keep(text, live=False)
+        return n
+
+    def _keep(self, text: str, live: bool) -> None:
+        plain = _ANSI.sub("", text).replace("\r", "")
+        if live:
+            plain = "\n".join(ln.rstrip() for ln in plain.splitlines() if ln.strip()) + "\n" if plain.strip() else ""
+        if plain:
+            self.log.write(plain)
+            self.log.flush()
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, encoding, errors, ... of the real stream
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def run_console(out_dir: Path, name: str = "train.log") -> Iterator[None]:
+    """Copy the run's console into ``<out_dir>/<name>`` (rank 0) and draw Rich output at :data:`WIDE` columns
+    when stdout is not a terminal. An error that ends the run is written there as one line.
+
+    Args:
+        out_dir: the run folder (created if missing; no copy when it cannot be written).
+        name: the log file (Hydra's job log of ``vitzoo-train``).
+    """
+    wide = not sys.stdout.isatty()
+    old_width, old_columns = console.width, os.environ.get("COLUMNS")
+    if wide:
+        console.width = WIDE
+        os.environ["COLUMNS"] = str(WIDE)  # consoles made during the run (the progress bar's) read it
+    log = None
+    if rank_zero_only.rank == 0:
+        with contextlib.suppress(OSError):
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            log = open(Path(out_dir) / name, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+    if log is None:
+        try:
+            yield
+        finally:
+            _restore_width(old_width, old_columns, wide)
+        return
+    handler = logging.StreamHandler(log)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    lightning = [logging.getLogger(n) for n in LIGHTNING_LOGGERS]
+    for logger in lightning:
+        logger.addHandler(handler)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+    try:
+        yield
+    except BaseException as e:
+        text = str(e) if isinstance(e, SystemExit) and isinstance(e.code, str) else f"error: {one_line(e)}"
+        log.write(text + "\n")
+        raise
+    finally:
+        sys.stdout, sys.stderr = out, err
+        for logger in lightning:
+            logger.removeHandler(handler)
+        log.close()
+        _restore_width(old_width, old_columns, wide)
+
+
+def _restore_width(width: int, columns: str | None, wide: bool) -> None:
+    if not wide:
+        return
+    console.width = width
+    if columns is None:
+        os.environ.pop("COLUMNS", None)
+    else:
+        os.environ["COLUMNS"] = columns
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's Rich progress bar with epochs counted from 1 (``Epoch 1/12`` … ``Epoch 12/12``); each
+    epoch's bar stops once its validation is in, so the last epoch is drawn once, with its own numbers.
+
+    Args:
+        **kwargs: :class:`~pytorch_lightning.callbacks.RichProgressBar`'s options (``leave``, ``theme``, ...).
+    """
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        total = self.trainer.max_epochs
+        text = f"Epoch {current_epoch + 1}" + (f"/{total}" if total is not None and total > 0 else "")
+        return f"{text:{len(self.validation_description)}}"
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
+        last_step = trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps
+        if last_epoch or last_step or trainer.should_stop:
+            self._stop_progress()  # before Lightning's "fit stopped" line, which would otherwise split the bar
+
+
+def keep_csv(loggers: list[Any], out_dir: Path) -> list[Any]:
+    """``loggers`` with the CSV logger first: added (``<out_dir>/csv/metrics.csv``, as ``logger=csv`` writes it)
+    when the configured loggers (``logger=wandb``, ``logger=[tensorboard]``) have none.
+
+    Args:
+        loggers: the instantiated ``logger`` group.
+        out_dir: the run folder.
+    """
+    if any(isinstance(lg, CSVLogger) for lg in loggers):
+        return list(loggers)
+    return [ResumableCSVLogger(save_dir=str(out_dir), name="csv", version=""), *loggers]
