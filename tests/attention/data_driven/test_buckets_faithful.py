@@ -1,5 +1,5 @@
-"""The data-driven backends follow their papers: routing's local heads, sinkhorn's per-head Gumbel
-sorting, reformer's bucket count that grows with the sequence."""
+"""The data-driven backends follow their papers: routing's local heads and nearest-centroid clusters, reformer's
+bucket count that grows with the sequence (sinkhorn: test_sinkhorn.py)."""
 from __future__ import annotations
 
 import pytest
@@ -68,50 +68,6 @@ def test_routing_only_local_heads_matches_reference():
     with torch.no_grad():
         torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
     attn.train()(x, (6, 10)).sum().backward()  # no routing head: no centroid step
-
-
-def sinkhorn_blocks(attn, x: torch.Tensor, same_heads: bool = False):
-    """Query and key blocks ``[B, h, 8, 8, d]`` of an 8x8 grid (with a class token);
-    optionally head 0's in every head."""
-    q, k, _ = attn.split_heads(x)
-    qb, kb = q[:, :, 1:].unflatten(2, (8, 8)), k[:, :, 1:].unflatten(2, (8, 8))
-    if same_heads:
-        qb, kb = qb[:, :1].expand_as(qb), kb[:, :1].expand_as(kb)
-    return qb, kb
-
-
-def test_sinkhorn_sorting_differs_between_heads():
-    """Each head has its own sorting network: the same blocks in every head give a different R per head."""
-    torch.manual_seed(0)
-    attn = make_attention("sinkhorn", (8, 8), 1).eval()
-    assert attn.sort_hidden.weight.shape == (4, 8, 16) and attn.sort_out.weight.shape == (4, 16, 8)  # d->s->nb
-    with torch.no_grad():
-        r = attn.sort_matrix(*sinkhorn_blocks(attn, torch.randn(2, 65, 32), same_heads=True), 64)  # [B, h, nb, nb]
-    for head in range(1, 4):
-        assert (r[:, head] - r[:, 0]).abs().max() > 1e-3, head
-
-
-def test_sinkhorn_gumbel_noise_in_training_only():
-    torch.manual_seed(0)
-    attn = make_attention("sinkhorn", (8, 8), 1)
-    x = torch.randn(2, 65, 32)
-    with torch.no_grad():
-        blocks = sinkhorn_blocks(attn, x)
-        train = [attn.train().sort_matrix(*blocks, 64) for _ in range(2)]
-        evals = [attn.eval().sort_matrix(*blocks, 64) for _ in range(2)]
-        assert not torch.allclose(train[0], train[1])  # fresh noise every training forward
-        torch.testing.assert_close(evals[0], evals[1], rtol=0, atol=0)
-        assert not torch.allclose(train[0], evals[0])
-        quiet = make_attention("sinkhorn", (8, 8), 1, noise=0.0)
-        quiet.load_state_dict(attn.state_dict())
-        torch.testing.assert_close(quiet.train().sort_matrix(*blocks, 64), evals[0])  # noise 0: no noise
-        torch.testing.assert_close(train[0].sum(-1), torch.ones(2, 4, 8))  # still a soft permutation
-
-
-def test_sinkhorn_noise_option_is_checked():
-    with pytest.raises(ConfigError, match=r"attention.noise must be a non-negative number \(got -1.0\)") as err:
-        make_attention("sinkhorn", (8, 8), 1, noise=-1.0)
-    assert "\n" not in str(err.value)
 
 
 def test_reformer_buckets_grow_with_the_sequence():
@@ -198,53 +154,6 @@ def test_routing_assignment_option():
         torch.testing.assert_close(attn(x, (6, 10)), attn.reference(x, (6, 10)), rtol=1e-6, atol=1e-8)
         measured = flop_analysis(Host(attn.float(), (6, 10)), (x[:1].float(),)).by_module()["attn"]
     assert measured == attn.flops((6, 10))
-
-
-def naive_sinkhorn(scores: torch.Tensor, temperature: float, iters: int) -> torch.Tensor:
-    """Sinkhorn's algorithm on one matrix as the paper writes it, in probability space: ``exp(S/τ)``, then
-    ``iters`` rounds of dividing by the column sums, then by the row sums."""
-    r = torch.exp(scores / temperature)
-    for _ in range(iters):
-        r = r / r.sum(0, keepdim=True)
-        r = r / r.sum(1, keepdim=True)
-    return r
-
-
-@pytest.mark.parametrize("sort_net", ["mlp", "bilinear"])
-def test_sinkhorn_sort_equals_the_naive_algorithm(sort_net):
-    torch.manual_seed(0)
-    attn = make_attention("sinkhorn", (8, 8), 1, sort_net=sort_net).double().eval()
-    blocks = sinkhorn_blocks(attn, torch.randn(2, 65, 32, dtype=torch.float64))
-    with torch.no_grad():
-        r, scores = attn.sort_matrix(*blocks, 64), attn.sort_scores(*blocks, 64)  # [B, h, nb, nb]
-    for b in range(2):
-        for h in range(4):
-            torch.testing.assert_close(r[b, h], naive_sinkhorn(scores[b, h], attn.cfg.temperature, attn.cfg.iters))
-
-
-def test_sinkhorn_sortnet_is_the_papers_two_layer_net_on_pooled_blocks():
-    """score[i] = W2 relu(W1 k̄_i + b1) + b2 per head, k̄_i the mean key of block i: one logit per target block."""
-    torch.manual_seed(0)
-    attn = make_attention("sinkhorn", (8, 8), 1).double().eval()
-    _, kb = sinkhorn_blocks(attn, torch.randn(1, 65, 32, dtype=torch.float64))
-    with torch.no_grad():
-        scores = attn.sort_scores(kb, kb, 64)
-        for h in range(4):
-            for i in range(8):
-                pooled = kb[0, h, i].mean(0)  # [d]
-                hidden = torch.relu(pooled @ attn.sort_hidden.weight[h] + attn.sort_hidden.bias[h, 0])
-                torch.testing.assert_close(scores[0, h, i], hidden @ attn.sort_out.weight[h] + attn.sort_out.bias[h, 0])
-
-
-def test_sinkhorn_sortnet_needs_its_block_count_and_bilinear_runs_anywhere():
-    attn = make_attention("sinkhorn", (8, 8), 1)  # b = 8, nb = 8
-    with pytest.raises(ConfigError, match="attention.sort_net=mlp was built for 8 blocks and this grid has 10") as err:
-        attn(torch.randn(1, 1 + 10 * 10, 32), (10, 10))
-    assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match="attention.sort_net must be one of mlp, bilinear"):
-        make_attention("sinkhorn", (8, 8), 1, sort_net="conv")
-    bilinear = make_attention("sinkhorn", (8, 8), 1, sort_net="bilinear")
-    assert bilinear(torch.randn(1, 101, 32), (10, 10)).shape == (1, 101, 32)
 
 
 def naive_lsh_bucket(x: torch.Tensor, rotation: torch.Tensor) -> int:

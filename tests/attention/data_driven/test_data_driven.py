@@ -151,7 +151,7 @@ def test_sinkhorn_sort_matrix_is_doubly_stochastic_and_learned():
     attn = make_attention("sinkhorn", (8, 8), 1, iters=50)
     x = torch.randn(2, 65, 32)
     q, k, _ = attn.split_heads(x)
-    r = attn.eval().sort_matrix(q[:, :, 1:].unflatten(2, (8, 8)), k[:, :, 1:].unflatten(2, (8, 8)), 64)  # no noise
+    r = attn.eval().sort_matrix(x[:, 1:], q[:, :, 1:].unflatten(2, (8, 8)), k[:, :, 1:].unflatten(2, (8, 8)), 64)
     torch.testing.assert_close(r.sum(-1), torch.ones(2, 4, 8))
     torch.testing.assert_close(r.sum(-2), torch.ones(2, 4, 8), rtol=0, atol=1e-3)
     attn.train()(x, (8, 8)).square().sum().backward()

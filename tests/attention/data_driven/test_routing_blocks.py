@@ -154,3 +154,27 @@ def test_a_jit_trace_fixes_the_span_to_every_block():
         assert attn.spans[grid] == 8  # nb
         torch.testing.assert_close(traced(x), expected)
         torch.testing.assert_close(traced(x[:1].flip(1)), attn(x[:1].flip(1), grid))  # other data, other batch
+
+
+def test_a_compiled_graph_reports_the_dense_span_it_computes(monkeypatch):
+    """A compiled graph scores every key block (S = nb): after running it, ``flops()`` is that graph's cost (equal
+    to fvcore's count of the fixed-size path); an eager forward reports the data's S again."""
+    grid = (5, 7)
+    attn = make_attention("routing", grid, 1).eval()
+    nb = math.ceil(35 / attn.cluster_size(grid))
+    torch.manual_seed(2)
+    x = torch.randn(2, 36, 32)
+    compiled = torch.compile(Host(attn, grid), backend="eager", fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        eager = attn(x, grid)
+        span, eager_flops = attn.spans[grid], attn.flops(grid)
+        assert span < nb
+        torch.testing.assert_close(compiled(x), eager)
+        assert attn.spans[grid] == nb and attn.symbols(grid)["S"] == nb and attn.flops(grid) > eager_flops
+        dense_flops = attn.flops(grid)
+        attn(x, grid)
+        assert attn.flops(grid) == eager_flops
+        compiled(x)  # the same graph again, no new trace: its write is replayed
+        assert attn.flops(grid) == dense_flops
+        monkeypatch.setattr(routing_module, "fixed_sizes", lambda: True)  # fvcore counts the fixed-size path
+        assert flop_analysis(Host(attn, grid), (x[:1],)).by_module()["attn"] == dense_flops

@@ -7,9 +7,19 @@ divided by N as in the paper's code); the u = min(c·⌈ln N⌉, N) queries with
 keys with softmax attention, every other query outputs the mean of V (the non-causal case). Cost
 N log N. A global mixer: prefix tokens are ordinary tokens.
 
-The paper draws the sampled keys at random per call; here key ``s`` of query ``i`` is the fixed
-pseudo-random index ``(i·A + s·B + layer·L) mod N`` (:func:`sample_index`), drawn with replacement as
-in the paper, so forward, reference, compile and export all see the same samples.
+Sampled keys: U per query, drawn uniformly with replacement (a key may repeat) and shared by the batch and
+the heads, as in the paper's code.
+
+* Training: fresh draws for every training step. :meth:`ProbSparseAttention.before_train_step` (called by
+  the training loop outside ``forward``) fills the ``draws`` buffer ``[N0, U0]`` (N0 tokens at construction)
+  from a ``torch.Generator`` seeded by ``(run seed, layer index, step)``; the run seed is
+  ``torch.initial_seed()`` when the layer is built (``pl.seed_everything`` sets it before a run builds its
+  model). Seed, layer and step count are saved buffers and ``draws`` is redrawn from them on loading, so a
+  resumed run continues the same stream and the same seed gives the same draws. A call with n <= N0 tokens
+  (token reduction) uses ``draws[:n, :U] mod n``; more tokens than N0 in training is a ConfigError.
+* Eval: key ``s`` of query ``i`` is the fixed pseudo-random index ``(i·A + s·B + layer·L) mod N``
+  (:func:`sample_index`), so evaluation, compile and export are deterministic; with ``gcd(B, N) = 1`` the
+  measurement runs as U shifted row products (:meth:`ProbSparseAttention.measure_band`).
 """
 from __future__ import annotations
 
@@ -17,14 +27,16 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
-from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_positive
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
 from vitzoo.attention.functional import sdpa
 
-HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the sample index (odd, spread over N)
+HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the eval sample index (odd, spread over N)
+RAW_HIGH = 1 << 62  # training draws are uniform in [0, 2^62); key = draw mod n (bias below n / 2^62)
 
 
 def sample_count(factor: int, n: int) -> int:
@@ -33,8 +45,27 @@ def sample_count(factor: int, n: int) -> int:
 
 
 def sample_index(i: int, s: int, layer: int, n: int) -> int:
-    """Key sampled as the ``s``-th for query ``i`` of a length-``n`` sequence in layer ``layer``."""
+    """Eval: key sampled as the ``s``-th for query ``i`` of a length-``n`` sequence in layer ``layer``."""
     return (i * HASH_A + s * HASH_B + layer * HASH_L) % n
+
+
+def step_generator(seed: int, layer: int, step: int) -> torch.Generator:
+    """The CPU generator of one training step's draws in one layer (numpy's ``SeedSequence`` mixes the three
+    numbers into one 64-bit seed).
+
+    Args:
+        seed: the run's seed (``torch.initial_seed()`` when the layer was built, set by ``pl.seed_everything``).
+        layer: the layer index.
+        step: the training step.
+    """
+    mixed = np.random.SeedSequence([seed, layer, step]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def _resync_draws(module: "ProbSparseAttention", incompatible_keys) -> None:
+    """After ``load_state_dict``: the loaded seed, layer and step, and the draws of that step."""
+    module._seed, module._layer, module._steps = int(module.draw_seed), int(module.sample_layer), int(module.steps)
+    module.draws.copy_(module.draw(max(module._steps - 1, 0)))
 
 
 @dataclass
@@ -51,7 +82,8 @@ class ProbSparseAttention(QKVAttention):
 
     Args:
         cfg: ProbSparseConfig.
-        ctx: dims, heads, grid, prefix tokens and layer index (it offsets the sampled keys; a saved buffer).
+        ctx: dims, heads, grid, prefix tokens and layer index (it offsets the eval samples, a saved buffer, and
+            seeds the training draws).
     """
 
     formula = "4NC² + NUC + 2uNC"
@@ -62,9 +94,51 @@ class ProbSparseAttention(QKVAttention):
         super().__init__(cfg, ctx)
         # the layer's offset of the sampled keys: saved with the weights, so a loaded model samples the same keys
         self.register_buffer("sample_layer", torch.tensor(ctx.layer_index, dtype=torch.int64))
+        # the run's seed when built and the training steps drawn for (saved); Python copies: no device sync
+        self.register_buffer("draw_seed", torch.tensor(torch.initial_seed() % (1 << 63), dtype=torch.int64))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self._seed, self._layer, self._steps = int(self.draw_seed), ctx.layer_index, 0
+        # training draws [N0, U0] of the current step (filled by before_train_step; rebuilt from the above on loading)
+        self.register_buffer("draws", self.draw(0, self.seq_len()), persistent=False)
+        self.register_load_state_dict_post_hook(_resync_draws)
+
+    def draw(self, step: int, n0: Optional[int] = None) -> Tensor:
+        """Raw draws ``[N0, U0]`` of training step ``step``: uniform in [0, 2^62), from :func:`step_generator`
+        with the saved seed and layer index (CPU, int64).
+
+        Args:
+            step: training step.
+            n0: rows N0 (default: those of the ``draws`` buffer, the construction length).
+        """
+        n0 = n0 or self.draws.shape[0]
+        gen = step_generator(self._seed, self._layer, step)
+        return torch.randint(RAW_HIGH, (n0, sample_count(self.cfg.factor, n0)), generator=gen)
+
+    @torch.no_grad()
+    def before_train_step(self) -> None:
+        """Draw this training step's sampled keys into ``draws`` and count the step (eval mode: nothing)."""
+        if not self.training:
+            return
+        self.draws.copy_(self.draw(self._steps))
+        self._steps += 1
+        self.steps.fill_(self._steps)
+
+    def sample_keys(self, n: int, device: torch.device) -> Tensor:
+        """Sampled key indices ``[n, U]`` of this call: the step's draws mod n in training, :meth:`samples` in eval.
+
+        Args:
+            n: sequence length.
+            device: device of the indices (eval).
+        """
+        if not self.training:
+            return self.samples(n, device)
+        n0 = self.draws.shape[0]
+        check(n <= n0, f"attention=probsparse draws its training samples for the {n0} tokens it was built for and "
+                       f"got {n}; build the model at this size (model.img_size)")
+        return self.draws[:n, :sample_count(self.cfg.factor, n)] % n  # [n, U]
 
     def samples(self, n: int, device: torch.device) -> Tensor:
-        """Sampled key indices ``[n, U]`` (:func:`sample_index` as tensor arithmetic)."""
+        """Eval's sampled key indices ``[n, U]`` (:func:`sample_index` as tensor arithmetic)."""
         u = sample_count(self.cfg.factor, n)
         i = torch.arange(n, device=device)[:, None]
         s = torch.arange(u, device=device)[None, :]
@@ -72,16 +146,18 @@ class ProbSparseAttention(QKVAttention):
 
     def measure(self, q: Tensor, k: Tensor) -> Tensor:
         """The max-mean measurement ``[B, h, N]`` of every query on its sampled keys (no gradient: it only picks
-        the active queries). :meth:`measure_band` where the samples form bands (``gcd(B, N) = 1`` for the
-        sample multiplier B), else :meth:`measure_gather`; both compute the same N·U·d products.
+        the active queries). Training: :meth:`measure_gather` on the step's draws. Eval: :meth:`measure_band`
+        where the fixed samples form bands (``gcd(B, N) = 1`` for the sample multiplier B), else
+        :meth:`measure_gather`; all compute the same N·U·d products.
 
         Args:
             q: queries ``[B, h, N, d]``.
             k: keys ``[B, h, N, d]``.
         """
-        if math.gcd(HASH_B, int(q.shape[2])) == 1:
+        n = int(q.shape[2])
+        if not self.training and math.gcd(HASH_B, n) == 1:
             return self.measure_band(q, k)
-        return self.measure_gather(q, k)
+        return self.measure_gather(q, k, self.sample_keys(n, q.device))
 
     @torch.no_grad()
     def measure_band(self, q: Tensor, k: Tensor) -> Tensor:
@@ -115,16 +191,16 @@ class ProbSparseAttention(QKVAttention):
         return by_band.index_select(2, start)  # [B, h, N]
 
     @torch.no_grad()
-    def measure_gather(self, q: Tensor, k: Tensor) -> Tensor:
-        """The measurement from the gathered samples of :meth:`samples`, in query chunks of at most
-        :attr:`CHUNK` sampled key vectors per image (not all ``[B, h, N, U, d]`` at once).
+    def measure_gather(self, q: Tensor, k: Tensor, idx: Tensor) -> Tensor:
+        """The measurement from gathered samples, in query chunks of at most :attr:`CHUNK` sampled key vectors
+        per image (not all ``[B, h, N, U, d]`` at once).
 
         Args:
             q: queries ``[B, h, N, d]``.
             k: keys ``[B, h, N, d]``.
+            idx: sampled key indices ``[N, U]`` (:meth:`sample_keys`).
         """
         B, h, N, d = q.shape
-        idx = self.samples(N, q.device)  # [N, U]
         step = max(1, self.CHUNK // (h * idx.shape[1]))  # queries per chunk (batch-free: export keeps B dynamic)
         q, k = q.contiguous(), k.contiguous()
         parts = []
@@ -156,7 +232,10 @@ class ProbSparseAttention(QKVAttention):
         """Per (image, head): the measurement from explicit samples, a sort, then full softmax rows."""
         B, h, N, d = q.shape
         U = sample_count(self.cfg.factor, N)
-        cols = torch.tensor([[sample_index(i, s, int(self.sample_layer), N) for s in range(U)] for i in range(N)])
+        if self.training:  # the step's draws, reduced mod N one by one
+            cols = torch.tensor([[int(self.draws[i, s]) % N for s in range(U)] for i in range(N)])
+        else:
+            cols = torch.tensor([[sample_index(i, s, int(self.sample_layer), N) for s in range(U)] for i in range(N)])
         out = torch.empty_like(q)
         for b in range(B):
             for j in range(h):

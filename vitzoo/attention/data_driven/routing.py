@@ -32,8 +32,11 @@ Transformers", TACL 2021, https://arxiv.org/abs/2003.05997.
   same). Under ``torch.compile``/``torch.export``, ONNX export and ``torch.jit`` traces
   (:func:`~vitzoo.attention.functional.fixed_sizes`) S = nb: every block scores every key, exact with fixed
   shapes and no host sync, at the cost of dense attention (2M²C_r for M a multiple of w). :meth:`flops` and
-  :meth:`symbols` use the S of the last eager or traced forward at that grid (``spans``, not saved; a compiled
-  graph records none, its S is nb), min(2, nb) before any.
+  :meth:`symbols` use the S of the last forward at that grid (``spans``, not saved): the data's after an eager
+  forward, nb after a compiled one (dynamo replays the graph's write to ``spans`` on every call, so a compiled
+  model reports the dense cost its graph runs) or a ``torch.jit`` trace (ONNX, TorchScript); min(2, nb) before
+  any forward. ``torch.export`` puts the module's attributes back after tracing: its program runs S = nb and
+  leaves ``spans`` as it was.
 * ``assignment: balanced``, an option: each centroid takes its top-w queries and its top-w keys (clusters of
   exactly w, O(M^1.5)), as the paper's released code does; a token picked by no centroid attends only to
   the prefix keys in that head (or gets 0 there without any), and a token in several clusters merges them.
@@ -168,7 +171,8 @@ class RoutingAttention(BucketAttention):
         g = torch.Generator().manual_seed(ctx.layer_index)
         shape = (self.num_heads - self.local_heads, self.num_clusters, self.head_dim)
         self.register_buffer("centroids", F.normalize(torch.randn(*shape, generator=g), dim=-1))  # [h_r, K, d] unit
-        self.spans: dict[Grid, int] = {}  # grid -> the routing heads' span S of the last forward there
+        # grid -> span S of the last forward there; the built grid's key from the start: a compiled forward adds none
+        self.spans: dict[Grid, int] = {tuple(ctx.grid): self.default_span(ctx.grid)}
 
     def cluster_size(self, grid: Grid) -> int:
         """Tokens w per piece at ``grid`` (ConfigError when K is out of range or does not divide with pad off)."""
@@ -270,8 +274,9 @@ class RoutingAttention(BucketAttention):
         lo = (ends - counts).gather(2, clu_q[..., 0])  # [B, h_r, nb] first key of the block's smallest cluster
         hi = ends.gather(2, clu_q[..., -1])  # [B, h_r, nb] past the last key of its largest
         span = nb if fixed_sizes() else max(1, math.ceil(int((hi - lo).amax()) / w))  # one host sync
-        if not torch.compiler.is_compiling():  # a compiled graph keeps no Python state (no guard, no recompile)
-            self.spans[(int(grid[0]), int(grid[1]))] = span  # ints: a traced grid may hold 0-dim tensors
+        # the S this forward computes, compiled graphs included (dynamo replays the write after every call; the
+        # dict is only written here, never read in forward, so it adds no guard on its values)
+        self.spans[(int(grid[0]), int(grid[1]))] = span  # ints: a traced grid may hold 0-dim tensors
         pos = lo.unsqueeze(-1) + torch.arange(span * w, device=q.device)  # [B, h_r, nb, S·w] sorted key positions
         tok_k = order_k.gather(2, pos.clamp_max(m - 1).flatten(2))  # [B, h_r, nb·S·w] token per key slot
         clu_k = c_k.gather(2, tok_k).unflatten(2, (nb, span * w))  # [B, h_r, nb, S·w] its cluster
@@ -291,10 +296,12 @@ class RoutingAttention(BucketAttention):
         return scatter_combine(out, lse, tok_q, m, extra)  # [B, h_r, M, d]
 
     def span(self, grid: Grid) -> int:
-        """Key blocks S per query block of the routing heads: that of the last forward at ``grid``, min(2, nb)
-        before any (balanced clusters)."""
-        m = grid[0] * grid[1]
-        return self.spans.get((int(grid[0]), int(grid[1])), min(2, math.ceil(m / self.cluster_size(grid))))
+        """Key blocks S per query block of the routing heads: the last forward's at ``grid``, else the default."""
+        return self.spans.get((int(grid[0]), int(grid[1])), self.default_span(grid))
+
+    def default_span(self, grid: Grid) -> int:
+        """min(2, nb): the span of balanced clusters, reported before any forward at ``grid``."""
+        return min(2, math.ceil(grid[0] * grid[1] / self.cluster_size(grid)))
 
     def local(self, q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, w: int) -> Tensor:
         """Local heads: each grid query attends to its window(s) and the prefix keys ``[B, h_l, M, d]``.

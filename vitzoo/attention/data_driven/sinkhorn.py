@@ -4,11 +4,17 @@ Paper: Tay, Bahri, Yang, Metzler and Juan, "Sparse Sinkhorn Attention", ICML 202
 https://arxiv.org/abs/2002.11296.
 
 * Blocks: the M grid tokens are cut into nb blocks of b tokens (zero-padded to nb·b).
-* Sorting network (``sort_net: mlp``, the paper's SortNet), one per head: each block's keys are pooled
-  (their mean over the block's real tokens) and go through a two-layer net ``d -> s -> nb`` with a ReLU
-  (:class:`HeadLinear` maps, weights ``[h, d, s]`` and ``[h, s, nb]``), giving one logit per target block:
-  ``score_ij`` is block i's logit for position j. The net's output width is the number of blocks at
-  construction, so the layer runs at grids with that many blocks (another count is a ConfigError).
+* Sorting network (``sort_net: input``, the paper's SortNet, Section 3.1): the layer input X (before the
+  q/k/v projection) is pooled per block by its sum over the block's grid tokens, ``X̄_i = Σ_{t ∈ block i} x_t``
+  (C wide; pad tokens add 0), and goes through a two-layer net ``C -> s -> h·nb``, ReLU after each layer
+  (the paper's non-negative sorting logits): ``score = relu(W2 relu(W1 X̄_i + b1) + b2)``, one row of nb
+  logits per head, ``score_ij`` block i's logit for position j in that head. The paper's net has one
+  output row (one sorting shared by the heads); here every head reads its own nb outputs of the same
+  hidden layer, so the heads may sort differently (h = 1 is the paper's net).
+  ``sort_net: keys``, an option: per head, each block's keys are pooled (their mean over the block's real
+  tokens) and go through a two-layer net ``d -> s -> nb`` with a ReLU between (:class:`HeadLinear` maps,
+  weights ``[h, d, s]`` and ``[h, s, nb]``). The output width of both is the number of blocks at
+  construction, so they run at grids with that many blocks (another count is a ConfigError).
   ``sort_net: bilinear``, an option: the mean query of block i and the mean key of block j go through two
   linear maps ``d -> s`` and ``score_ij = <f_h(q̄_i), g_h(k̄_j)> / √s`` (any grid).
 * Gumbel-Sinkhorn (the paper's): in training, ``noise·ε`` with Gumbel noise
@@ -23,7 +29,8 @@ https://arxiv.org/abs/2002.11296.
   ``Σ_j R_ij·valid_j[t] = 1 - R_i,last`` where the last block is padded (its share of real keys),
   added to its score as ``log`` weight. Without padding every weight is 1 (no bias).
 * Cost: 4LbC for the block attention, 2·nb·LC for the soft permutation and nb·sC + h·nb²·s for the
-  sorting net (``bilinear``: 2·nb·sC + h·nb²·s), so O(N²/b); the
+  sorting net (``input``: C -> s and s -> h·nb on nb block sums; ``keys``: d -> s and s -> nb per head;
+  ``bilinear``: 2·nb·sC + h·nb²·s; block sums and means count 0), so O(N²/b); the
   default b = ⌈√M⌉ makes both O(N^1.5) (``linear_cost`` is False).
 * Prefix tokens (class token): they are not sorted. Every grid query also attends to the P prefix
   keys (merged by logsumexp) and every prefix query attends to all N keys: O(P·N) extra.
@@ -53,7 +60,7 @@ from vitzoo.attention.data_driven.bucket import (
 )
 
 MAX_ITERS = 100
-SORT_NETS = ("mlp", "bilinear")  # attention.sort_net
+SORT_NETS = ("input", "keys", "bilinear")  # attention.sort_net
 
 
 @dataclass
@@ -64,7 +71,7 @@ class SinkhornConfig:
     temperature: float = 0.75  # divides the block-pair scores before Sinkhorn (lower = harder sort)
     noise: float = 1.0  # scale of the Gumbel noise on the block-pair scores in training, >= 0 (0: none); none in eval
     pad: bool = True  # pad grid tokens to a multiple of block_size; false = error when it does not divide
-    sort_net: str = "mlp"  # mlp: pooled key blocks -> d -> s -> nb logits (the paper's SortNet); bilinear: <f(q̄), g(k̄)>
+    sort_net: str = "input"  # input: block sums of X -> C -> s -> h·nb (the paper's SortNet); keys; bilinear
 
     def __post_init__(self):
         check_auto_size(self, "block_size")
@@ -122,28 +129,39 @@ class SinkhornAttention(BucketAttention):
     def __init__(self, cfg: SinkhornConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
         self.num_blocks = self.layout(ctx.grid)[1]
-        if cfg.sort_net == "mlp":
+        if cfg.sort_net == "input":
+            self.sort_hidden = nn.Linear(self.dim, cfg.sort_dim)  # block sum of X -> s
+            self.sort_out = nn.Linear(cfg.sort_dim, self.num_heads * self.num_blocks)  # s -> nb logits per head
+        elif cfg.sort_net == "keys":
             self.sort_hidden = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # pooled block -> s
             self.sort_out = HeadLinear(self.num_heads, cfg.sort_dim, self.num_blocks)  # s -> one logit per block
         else:
             self.sort_q = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block query embedding f_h
             self.sort_k = HeadLinear(self.num_heads, self.head_dim, cfg.sort_dim)  # block key embedding g_h
 
-    def sort_scores(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
+    def sort_scores(self, xg: Optional[Tensor], qb: Tensor, kb: Tensor, m: int) -> Tensor:
         """Block-pair scores ``[B, h, nb, nb]`` of the sorting network (before noise and temperature).
 
         Args:
+            xg: the grid tokens of the layer input ``[B, M, C]`` (read by ``sort_net: input`` only).
             qb, kb: query and key blocks ``[B, h, nb, b, d]`` (zero-padded).
             m: real grid tokens.
         """
         nb, b = qb.shape[2], qb.shape[3]
+        net = self.cfg.sort_net
+        check(net == "bilinear" or nb == self.num_blocks,
+              f"attention.sort_net={net} was built for {self.num_blocks} blocks and this grid has {nb}; "
+              f"use a grid with as many blocks or attention.sort_net=bilinear")
+        if net == "input":
+            sums = pad_tokens(xg, nb * b).unflatten(-2, (nb, b)).sum(-2)  # [B, nb, b, C] -> [B, nb, C] block sums
+            logits = torch.relu(self.sort_out(torch.relu(self.sort_hidden(sums))))  # [B, nb, h·nb], non-negative
+            logits = logits.unflatten(-1, (self.num_heads, nb))  # [B, nb, h, nb]
+            return logits.transpose(1, 2).contiguous()  # [B, h, nb, nb]: head, block i, position j
         count = (torch.arange(nb * b, device=qb.device) < m).view(nb, b).sum(-1, keepdim=True)  # [nb, 1] real tokens
         k_mean = kb.sum(-2) / count  # [B, h, nb, d]
-        if self.cfg.sort_net == "bilinear":
+        if net == "bilinear":
             q_mean = qb.sum(-2) / count  # [B, h, nb, d]
             return self.sort_q(q_mean) @ self.sort_k(k_mean).transpose(-2, -1) / math.sqrt(self.cfg.sort_dim)
-        check(nb == self.num_blocks, f"attention.sort_net=mlp was built for {self.num_blocks} blocks and this grid "
-                                     f"has {nb}; use a grid with as many blocks or attention.sort_net=bilinear")
         return self.sort_out(torch.relu(self.sort_hidden(k_mean)))  # [B, h, nb, nb]: block i's logit per position
 
     def layout(self, grid: Grid) -> tuple[int, int]:
@@ -152,14 +170,15 @@ class SinkhornAttention(BucketAttention):
         m = self.check_pieces("block_size", b, grid)
         return b, ceil_to(m, b) // b
 
-    def sort_matrix(self, qb: Tensor, kb: Tensor, m: int) -> Tensor:
+    def sort_matrix(self, xg: Optional[Tensor], qb: Tensor, kb: Tensor, m: int) -> Tensor:
         """Soft permutation ``R[B, h, nb, nb]`` of every head (Gumbel noise in training).
 
         Args:
+            xg: the grid tokens of the layer input ``[B, M, C]`` (``sort_net: input``; None for the others).
             qb, kb: query and key blocks ``[B, h, nb, b, d]`` (zero-padded).
             m: real grid tokens.
         """
-        scores = self.sort_scores(qb, kb, m)
+        scores = self.sort_scores(xg, qb, kb, m)
         if self.training and self.cfg.noise:
             scores = scores + self.cfg.noise * gumbel_like(scores)
         log_r = scores / self.cfg.temperature
@@ -191,14 +210,43 @@ class SinkhornAttention(BucketAttention):
             slots = torch.zeros_like(local)
         return torch.cat([local.expand_as(slots), slots], dim=-1).unsqueeze(-2)
 
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        q, k, v = self.split_heads(x)
+        return self.merge_heads(self.sorted_attend(q, k, v, x[:, self.num_prefix:], grid))
+
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:
+        q, k, v = self.split_heads(x)
+        return self.merge_heads(self.sorted_reference(q, k, v, x[:, self.num_prefix:], grid))
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """The attention from q, k, v alone: ``sort_net: keys`` or ``bilinear`` (``input`` sorts on the layer input)."""
+        self.check_qkv_only()
+        return self.sorted_attend(q, k, v, None, grid)
+
+    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """:meth:`sorted_reference` from q, k, v alone (``sort_net: keys`` or ``bilinear``)."""
+        self.check_qkv_only()
+        return self.sorted_reference(q, k, v, None, grid)
+
+    def check_qkv_only(self) -> None:
+        """``sort_net: input`` needs the layer input: a one-line ConfigError for a call without it."""
+        check(self.cfg.sort_net != "input", "attention.sort_net=input sorts on the layer input x: call attn(x, grid)")
+
+    def sorted_attend(self, q: Tensor, k: Tensor, v: Tensor, xg: Optional[Tensor], grid: Grid) -> Tensor:
+        """Local plus sorted block attention ``[B, h, N, d]``.
+
+        Args:
+            q, k, v: ``[B, h, N, d]``.
+            xg: the grid tokens of the layer input ``[B, M, C]`` (``sort_net: input``) or None.
+            grid: the token grid.
+        """
         P = self.num_prefix
         b, nb = self.layout(grid)
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m = qg.shape[-2]
         qb = pad_tokens(qg, nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, d]
         kv = pad_tokens(torch.cat([kg, vg], -1), nb * b).unflatten(-2, (nb, b))  # [B, h, nb, b, 2d] keys | values
-        r = self.sort_matrix(qb, kv[..., :kg.shape[-1]], m)  # [B, h, nb, nb]
+        r = self.sort_matrix(xg, qb, kv[..., :kg.shape[-1]], m)  # [B, h, nb, nb]
         sorted_kv = (r @ kv.flatten(-2)).view_as(kv)  # [B, h, nb, b·2d] -> [B, h, nb, b, 2d] sorted blocks
         keys, values = torch.cat([kv, sorted_kv], -2).chunk(2, -1)  # [B, h, nb, 2b, d] each: own block, sorted block
         bias = self.block_bias(r, b, m)  # [B, h, nb, 1, 2b]
@@ -210,14 +258,20 @@ class SinkhornAttention(BucketAttention):
         out_g = combine_parts(torch.stack([out, out_p], 2), torch.stack([lse, lse_p], 2), dim=2)  # [B, h, M, d]
         return self.prefix_rows(qp, k, v, out_g)
 
-    def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """Dense: sorted keys ``(R ⊗ I_b)K`` as extra slots, same-block mask, slot weights ``(R ⊗ I_b)·valid``."""
+    def sorted_reference(self, q: Tensor, k: Tensor, v: Tensor, xg: Optional[Tensor], grid: Grid) -> Tensor:
+        """Dense: sorted keys ``(R ⊗ I_b)K`` as extra slots, same-block mask, slot weights ``(R ⊗ I_b)·valid``.
+
+        Args:
+            q, k, v: ``[B, h, N, d]``.
+            xg: the grid tokens of the layer input ``[B, M, C]`` (``sort_net: input``) or None.
+            grid: the token grid.
+        """
         P = self.num_prefix
         b, nb = self.layout(grid)
         (qp, qg), (kp, kg), (vp, vg) = self.split_prefix_qkv(q, k, v)
         m, length = qg.shape[-2], nb * b
         kpad, vpad = pad_tokens(kg, length), pad_tokens(vg, length)  # [B, h, L, d]
-        r = self.sort_matrix(pad_tokens(qg, length).unflatten(-2, (nb, b)), kpad.unflatten(-2, (nb, b)), m)
+        r = self.sort_matrix(xg, pad_tokens(qg, length).unflatten(-2, (nb, b)), kpad.unflatten(-2, (nb, b)), m)
         perm = torch.kron(r, torch.eye(b, dtype=q.dtype))  # [B, h, L, L] token-level soft permutation
         valid = (torch.arange(length) < m).to(q.dtype)  # [L] real keys
         block = torch.arange(length) // b
@@ -236,7 +290,9 @@ class SinkhornAttention(BucketAttention):
         if self.cfg.sort_net == "bilinear":
             # each head's sort_q and sort_k maps on its block means (nb·d·s each), block-pair scores (nb·nb·s)
             flops = 2 * h * nb * d * s + h * nb * nb * s
-        else:  # SortNet: pooled block -> s (nb·d·s), s -> nb logits (nb·s·nb), per head
+        elif self.cfg.sort_net == "input":  # SortNet on the nb block sums: C -> s (nb·C·s), s -> h·nb (nb·s·h·nb)
+            flops = nb * self.dim * s + nb * s * h * nb
+        else:  # keys: pooled block -> s (nb·d·s), s -> nb logits (nb·s·nb), per head
             flops = h * nb * d * s + h * nb * s * nb
         # soft permutation R @ [K | V]: nb·nb·(b·2d) per head
         flops += 2 * h * nb * nb * b * d
