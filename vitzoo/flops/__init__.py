@@ -10,10 +10,10 @@ Conventions (stated once, here and in ``docs/flops.md``)
   contracted length), ``einsum`` (the pairwise contractions torch actually runs, see
   :func:`einsum_macs`), ``tensordot``, convolutions (``Cout·Cin/g·k²`` per output position),
   ``scaled_dot_product_attention`` (``QKᵀ`` and ``AV``: ``B·h·Nq·Nk·(d + dv)``, whatever the mask
-  or ``is_causal``), FFTs (the backend that uses them supplies the handle, e.g. ``fnet``:
-  ``5/2·M·log₂M`` per complex transform of ``M`` points).
+  or ``is_causal``), FFTs (every ``aten::fft_*`` op: ``5/2·M·log₂M`` per complex transform of ``M`` points, half
+  of it per real one, :func:`vitzoo.costs.fft_flops`), products of two complex tensors (4 per element).
 * **Not counted (0)**: softmax, exp, scaling, bias and mask adds, activations, reductions, pooling,
-  elementwise products (an einsum step that sums over nothing is an elementwise product), gathers,
+  real elementwise products (an einsum step that sums over nothing is an elementwise product), gathers,
   sorts, padding, rolls, reshapes.
 * **Norms** are counted as fvcore counts them: an affine LayerNorm/GroupNorm 5 per element
   (4 without affine), so that whole-model analytic and measured totals agree exactly.

@@ -8,17 +8,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+import torch
 from fvcore.nn import FlopCountAnalysis
 from fvcore.nn.jit_handles import get_shape
 from torch import nn
+
+from vitzoo.costs import fft_flops
 
 # --------------------------------------------------------------------------------------------------
 # Which ops count
 # --------------------------------------------------------------------------------------------------
 
-# ops that do no matrix work: counted 0 and not reported as unsupported (elementwise, shape, creation)
+# ops that do no matrix work: counted 0 and not reported as unsupported (elementwise, shape, creation); aten::mul
+# has a handle instead (a product of two complex tensors counts, see complex_mul_flop_jit)
 IGNORED_OPS = (
-    "aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::div", "aten::div_", "aten::sub", "aten::sub_",
+    "aten::add", "aten::add_", "aten::div", "aten::div_", "aten::sub", "aten::sub_",
     "aten::rsub", "aten::neg", "aten::softmax", "aten::gelu", "aten::elu", "aten::exp", "aten::exp_", "aten::log",
     "aten::sqrt", "aten::rsqrt", "aten::mean", "aten::sum", "aten::pad", "aten::constant_pad_nd", "aten::roll",
     "aten::masked_fill", "aten::masked_fill_", "aten::dropout", "aten::feature_dropout", "aten::relu", "aten::relu_",
@@ -206,7 +210,59 @@ def einsum_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
     return einsum_macs(equation, shapes, path)
 
 
+def _is_complex(value: Any) -> bool:
+    """The traced value is a complex tensor."""
+    kind = value.type()
+    return isinstance(kind, torch._C.TensorType) and "Complex" in str(kind.scalarType())
+
+
+def _fft_handle(side: str):
+    """fvcore handle for ``aten::fft_<op>``, ``<op>2`` and ``<op>n`` ``(self, n | s, dim, norm)``: transforms ×
+    :func:`vitzoo.costs.fft_flops` over the points of one transform, read on the real side.
+
+    Args:
+        side: ``"input"`` (``rfft``, ``ihfft``: real input), ``"output"`` (``irfft``, ``hfft``: real output) or
+            ``"dtype"`` (``fft``, ``ifft``: a real input makes it a real transform, else complex, sized on the output).
+    """
+
+    def handle(inputs: list[Any], outputs: list[Any]) -> int:
+        real_input = side == "input" or (side == "dtype" and not _is_complex(inputs[0]))
+        real = real_input or side == "output"
+        shape = get_shape(inputs[0] if real_input else outputs[0])
+        sizes, dims = _constant(inputs[1]), _constant(inputs[2])
+        sizes = [sizes] if isinstance(sizes, int) else sizes
+        if dims is None:  # fftn: every dim, or the last len(s) dims when s is given
+            dims = list(range(len(shape) - (len(shape) if sizes is None else len(sizes)), len(shape)))
+        dims = [d % len(shape) for d in ([dims] if isinstance(dims, int) else dims)]
+        # a real input is padded or cut to s along the transformed dims; an output already has the lengths
+        lengths = sizes if real_input and sizes is not None else [shape[d] for d in dims]
+        transforms = math.prod(n for d, n in enumerate(shape) if d not in dims)
+        return transforms * fft_flops(math.prod(lengths), real=real)
+
+    return handle
+
+
+FFT_HANDLES = {
+    f"aten::fft_{op}{suffix}": _fft_handle(side)
+    for op, side in (("fft", "dtype"), ("ifft", "dtype"), ("rfft", "input"), ("ihfft", "input"),
+                     ("irfft", "output"), ("hfft", "output"))
+    for suffix in ("", "2", "n")
+}
+
+
+def complex_mul_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
+    """``aten::mul``: 4 real multiply-adds per output element when both operands are complex tensors (a complex
+    product is a 2×2 real matrix product: ``(a + ib)(c + id) = (ac − bd) + i(ad + bc)``); 0 for real products
+    and for scaling by a real tensor or number, as fvcore counts elementwise work."""
+    if len(inputs) < 2 or not (_is_complex(inputs[0]) and _is_complex(inputs[1])):
+        return 0
+    return 4 * math.prod(get_shape(outputs[0]))
+
+
 HANDLES = {
+    **FFT_HANDLES,
+    "aten::mul": complex_mul_flop_jit,
+    "aten::mul_": complex_mul_flop_jit,
     "aten::scaled_dot_product_attention": sdpa_flop_jit,
     "aten::matmul": matmul_flop_jit,
     "aten::mm": matmul_flop_jit,

@@ -12,8 +12,8 @@ from fvcore.nn.jit_analysis import _IGNORED_OPS as _FVCORE_IGNORED
 import vitzoo
 from vitzoo.attention import ConfigError, attention_config, dense_attention
 from vitzoo.attention.low_rank.nystrom import iterative_pinv, segments
-from vitzoo.attention.token_mixing.fnet import FNetMixing, fft_macs
-from vitzoo.flops import IGNORED_OPS, count_flops, flop_analysis
+from vitzoo.costs import fft_flops
+from vitzoo.flops import HANDLES, IGNORED_OPS, count_flops, flop_analysis
 
 MINE = backends("token_mixing") + [n for n in backends("low_rank") if n != "linformer"]  # + nystrom, compressed
 FIXED = [
@@ -251,19 +251,23 @@ def test_fnet_is_the_real_part_of_numpys_2d_fft(norm):
     np.testing.assert_allclose(attn.reference(x, (6, 10)).numpy(), expected, rtol=1e-10, atol=1e-10)
 
 
-def test_fnet_flop_convention():
-    assert fft_macs(1) == 0 and fft_macs(8) == 60 and fft_macs(1024) == 25600  # 5/2·M·log₂M
-    assert fft_macs(6 * 10) == round(2.5 * 60 * math.log2(60))
+def test_fft_flop_convention():
+    # complex: 5/2·M·log₂M; real (half spectrum): 5/4·M·log₂M, rounded once per transform
+    assert fft_flops(1) == 0 and fft_flops(8) == 60 and fft_flops(1024) == 25600
+    assert fft_flops(1, real=True) == 0 and fft_flops(8, real=True) == 30 and fft_flops(1024, real=True) == 12800
+    assert fft_flops(6 * 10) == round(2.5 * 60 * math.log2(60)) and fft_flops(60, real=True) == 443  # 443.02
 
 
 @pytest.mark.parametrize("fn,shape,expected", [
-    (lambda t: torch.fft.fft2(t).real, (3, 5, 4), 3 * fft_macs(20)),
-    (lambda t: torch.fft.fftn(t, dim=(0, 2)).real, (3, 5, 4), 5 * fft_macs(12)),
-    (lambda t: torch.fft.fftn(t).real, (3, 5, 4), fft_macs(60)),
-    (lambda t: torch.fft.fft(t, dim=1).real, (3, 5, 4), 12 * fft_macs(5)),
-    (lambda t: torch.fft.fft2(t, s=(8, 8)).real, (3, 5, 4), 3 * fft_macs(64)),
+    (lambda t: torch.fft.fft2(t).real, (3, 5, 4), 3 * fft_flops(20, real=True)),
+    (lambda t: torch.fft.fftn(t, dim=(0, 2)).real, (3, 5, 4), 5 * fft_flops(12, real=True)),
+    (lambda t: torch.fft.fftn(t).real, (3, 5, 4), fft_flops(60, real=True)),
+    (lambda t: torch.fft.fft(t, dim=1).real, (3, 5, 4), 12 * fft_flops(5, real=True)),
+    (lambda t: torch.fft.fft2(t, s=(8, 8)).real, (3, 5, 4), 3 * fft_flops(64, real=True)),
+    (lambda t: torch.fft.fft2(torch.complex(t, t)).real, (3, 5, 4), 3 * fft_flops(20)),
+    (lambda t: torch.fft.ifftn(torch.complex(t, t), dim=(0, 2)).real, (3, 5, 4), 5 * fft_flops(12)),
 ])
-def test_fnet_flop_handles_count_every_fft_op(fn, shape, expected):
+def test_fft_handles_count_every_fft_op(fn, shape, expected):
     class Wrap(torch.nn.Module):
         def forward(self, t):
             return fn(t)
@@ -277,7 +281,7 @@ def test_fnet_traced_ops_all_have_handles():
     graph = torch.jit.trace(Host(attn, (4, 4)), (torch.zeros(1, 17, 32),)).inlined_graph
     ops = {n.kind() for n in graph.nodes() if n.kind().startswith("aten::")}
     assert {"aten::fft_fft2", "aten::real"} <= ops
-    assert ops - _FVCORE_IGNORED - set(IGNORED_OPS) <= set(FNetMixing.flop_handles)
+    assert ops - _FVCORE_IGNORED - set(IGNORED_OPS) <= set(HANDLES)
 
 
 def test_fnet_runs_in_bfloat16():

@@ -1,12 +1,25 @@
-"""Axial attention (``axial``): rows, then columns of the token grid.
+"""Axial attention (``axial``): an attention layer along the rows, then one along the columns of the token grid.
 
 Papers: Ho et al., "Axial Attention in Multidimensional Transformers", 2019,
-https://arxiv.org/abs/1912.12180; Wang et al., "Axial-DeepLab", ECCV 2020, https://arxiv.org/abs/2003.07853.
-One q/k/v projection; every grid token first attends to the tokens of its row (softmax over the W
-row keys and the P prefix keys), then to the tokens of its column with the row pass's outputs as
-values (softmax over the H column keys): two passes give every grid token the whole grid. Prefix
-tokens (ViT's class token) attend to all N tokens. Cost N·(H + W); both passes run as fused
-scaled-dot-product attention over batches of rows and columns.
+https://arxiv.org/abs/1912.12180; Wang et al., "Axial-DeepLab: Stand-Alone Axial-Attention for Panoptic
+Segmentation", ECCV 2020, https://arxiv.org/abs/2003.07853.
+
+``projections: separate`` (default, the papers' form): two attention passes, each with its own Q/K/V
+projection. The row pass projects the input (``qkv``) and every grid token attends to the W tokens of its
+row; its per-head outputs, concatenated, are the input of the column pass, which projects them again
+(``qkv_col``) and lets every grid token attend to the H tokens of its column; one output projection
+(``proj``) follows. Two passes give every grid token the whole grid.
+
+``projections: shared``: one q/k/v projection for both passes; the column pass scores the same queries and
+keys along the columns and reads the row pass's outputs as its values (no second projection).
+
+Prefix tokens (ViT's class token): in every pass a grid token also attends to the P prefix tokens (softmax
+over its W or H line keys and the P prefix keys) and each prefix token attends to all N tokens, so the
+class token takes part in both passes like a global token of each. With ``shared``, grid tokens score the
+prefix keys in the row pass only and a prefix token's output is its row-pass read of all N tokens.
+
+Both passes run as fused scaled-dot-product attention over batches of rows and of columns; cost
+N·(H + W) per head and channel, :attr:`AxialAttention.formula`.
 """
 from __future__ import annotations
 
@@ -14,79 +27,170 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention.base import Grid, QKVAttention
+from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check
 from vitzoo.attention.functional import sdpa
+
+PROJECTIONS = ("separate", "shared")
 
 
 @dataclass
 class AxialConfig:
-    """Axial attention has no options (row pass, then column pass)."""
+    projections: str = "separate"  # separate: each pass its own Q/K/V (the papers); shared: one Q/K/V for both
+
+    def __post_init__(self):
+        check(self.projections in PROJECTIONS,
+              f"attention.projections must be one of {', '.join(PROJECTIONS)} (got {self.projections!r})")
 
 
 @register_attention("axial", AxialConfig)
 class AxialAttention(QKVAttention):
-    """Row attention, then column attention over the row outputs; cost :attr:`formula`.
+    """Row attention, then column attention over the row outputs; cost :attr:`formula` (``separate``).
+
+    ``qkv`` projects the row pass's q/k/v; with ``separate`` projections ``qkv_col`` projects the column pass's
+    from the row pass's concatenated head outputs.
 
     Args:
         cfg: AxialConfig.
         ctx: dims, heads, grid and prefix tokens from the host block.
     """
 
-    formula = "4NC² + 2HW(H + W + P)C + 2PNC"
+    formula = "7NC² + 2HW(H + W + 2P)C + 4PNC"
+
+    def __init__(self, cfg: AxialConfig, ctx: MixerContext):
+        super().__init__(cfg, ctx)
+        self.separate = cfg.projections == "separate"
+        if self.separate:
+            self.qkv_col = nn.Linear(ctx.dim, 3 * ctx.dim, bias=ctx.qkv_bias)
+
+    # ------------------------------------------------------------------------------------ fast path
+
+    def forward(self, x: Tensor, grid: Grid) -> Tensor:
+        if not self.separate:
+            return super().forward(x, grid)
+        B, N, C = x.shape
+        o = self.line_attention(*self.split_heads(x), grid, rows=True)  # [B, h, N, d]
+        y = o.transpose(1, 2).reshape(B, N, C)  # [B, N, C]: heads concatenated, the column pass's input
+        o = self.line_attention(*self.to_heads(self.qkv_col(y), 3), grid, rows=False)  # [B, h, N, d]
+        return self.merge_heads(o)
+
+    def line_attention(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid, rows: bool) -> Tensor:
+        """One axial pass: each grid token attends to its row (``rows``) or column plus the prefix tokens, each
+        prefix token to all N tokens.
+
+        Args:
+            q, k, v: ``[B, h, N, d]``, prefix tokens first.
+            grid: the token grid (H, W).
+            rows: attend along the rows (else along the columns).
+
+        Returns:
+            ``[B, h, N, d]``.
+        """
+        B, h, N, d = q.shape
+        P, (H, W) = self.num_prefix, grid
+        lines, length = (H, W) if rows else (W, H)
+        drop = self.attn_drop.p if self.training else 0.0
+
+        def per_line(t: Tensor) -> Tensor:
+            t = t[:, :, P:].reshape(B, h, H, W, d)  # [B, h, H, W, d]
+            return (t if rows else t.transpose(2, 3)).reshape(B, h * lines, length, d)  # [B, h·lines, length, d]
+
+        k_line, v_line = per_line(k), per_line(v)
+        if P:
+            def prefix(t: Tensor) -> Tensor:
+                return t[:, :, None, :P].expand(B, h, lines, P, d).reshape(B, h * lines, P, d)  # [B, h·lines, P, d]
+
+            k_line = torch.cat([prefix(k), k_line], dim=2)  # [B, h·lines, P + length, d]
+            v_line = torch.cat([prefix(v), v_line], dim=2)
+        o = sdpa(per_line(q), k_line, v_line, dropout_p=drop)  # [B, h·lines, length, d]: 2HW(length + P)d per head
+        o = o.reshape(B, h, lines, length, d)  # [B, h, lines, length, d]
+        o = (o if rows else o.transpose(2, 3)).reshape(B, h, H * W, d)  # [B, h, HW, d]
+        if not P:
+            return o
+        o_prefix = sdpa(q[:, :, :P], k, v, dropout_p=drop)  # [B, h, P, d]: 2PNd per head
+        return torch.cat([o_prefix, o], dim=2)  # [B, h, N, d]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
+        """``shared`` projections: the row pass, then the column pass with the same q, k and the row outputs as
+        values (grid tokens score no prefix keys there); prefix tokens keep their row-pass read of all N."""
         B, h, N, d = q.shape
         P, (H, W) = self.num_prefix, grid
         drop = self.attn_drop.p if self.training else 0.0
-
-        def rows(t: Tensor) -> Tensor:
-            return t[:, :, P:].reshape(B, h * H, W, d)  # [B, h·H, W, d]: one row per batch entry
-
-        def prefix_per_row(t: Tensor) -> Tensor:
-            return t[:, :, None, :P].expand(B, h, H, P, d).reshape(B, h * H, P, d)  # [B, h·H, P, d]
-
-        k_row = torch.cat([prefix_per_row(k), rows(k)], dim=2)  # [B, h·H, P + W, d]
-        v_row = torch.cat([prefix_per_row(v), rows(v)], dim=2)
-        o = sdpa(rows(q), k_row, v_row, dropout_p=drop)  # [B, h·H, W, d]: 2W(P+W)d
+        o = self.line_attention(q, k, v, grid, rows=True)  # [B, h, N, d]
 
         def cols(t: Tensor) -> Tensor:
-            return t.reshape(B, h, H, W, d).transpose(2, 3).reshape(B, h * W, H, d)  # [B, h·W, H, d]
+            return t[:, :, P:].reshape(B, h, H, W, d).transpose(2, 3).reshape(B, h * W, H, d)  # [B, h·W, H, d]
 
-        o = sdpa(cols(rows(q)), cols(rows(k)), cols(o), dropout_p=drop)  # 2H·H·d
-        o = o.reshape(B, h, W, H, d).transpose(2, 3).reshape(B, h, H * W, d)  # [B, h, HW, d]
-        if not P:
-            return o
-        o_prefix = sdpa(q[:, :, :P], k, v, dropout_p=drop)  # [B, h, P, d]: 2PNd
-        return torch.cat([o_prefix, o], dim=2)  # [B, h, N, d]
+        c = sdpa(cols(q), cols(k), cols(o), dropout_p=drop)  # [B, h·W, H, d]: 2HW·H·d per head
+        c = c.reshape(B, h, W, H, d).transpose(2, 3).reshape(B, h, H * W, d)  # [B, h, HW, d]
+        return torch.cat([o[:, :, :P], c], dim=2)  # [B, h, N, d]
+
+    # ------------------------------------------------------------------------------------ FLOPs
+
+    def flops(self, grid: Optional[Grid] = None) -> int:
+        grid = grid or self.grid
+        if not self.separate:
+            return super().flops(grid)
+        H, W = grid
+        N, P, C = self.seq_len(grid), self.num_prefix, self.dim
+        # row qkv 3NC² + column qkv 3NC² + output projection NC²; row pass: HW queries × (W + P) keys, column pass:
+        # HW queries × (H + P) keys, prefix queries × N keys in each pass; q·k and weights·v over d per head
+        return 7 * N * C * C + 2 * H * W * (H + W + 2 * P) * C + 4 * P * N * C
 
     def attend_flops(self, grid: Grid) -> int:
+        """``shared``: rows HW × (W + P) keys, columns HW × H keys, prefix P × N keys."""
         H, W = grid
         P, C = self.num_prefix, self.dim
-        # rows: HW queries × (W + P) keys, columns: HW queries × H keys, prefix: P queries × N keys;
-        # each q·k and weights·v over d per head
         return 2 * H * W * (H + W + P) * C + 2 * P * self.seq_len(grid) * C
 
+    # ------------------------------------------------------------------------------------ reference
+
+    def reference(self, x: Tensor, grid: Grid) -> Tensor:
+        """``separate``: two N×N masked softmax attentions (row mask, then column mask, each with the prefix rows
+        and columns open), the second on the re-projected output of the first."""
+        if not self.separate:
+            return super().reference(x, grid)
+        B, N, C = x.shape
+        row, col = _line_masks(self.num_prefix, grid, x.device)
+        open_ = _prefix_open(self.num_prefix, N, x.device)
+        o = _masked_softmax_attention(*self.split_heads(x), row | open_, self.scale)  # [B, h, N, d]
+        y = o.transpose(1, 2).reshape(B, N, C)  # [B, N, C]
+        q, k, v = self.to_heads(self.qkv_col(y), 3)
+        o = _masked_softmax_attention(q, k, v, col | open_, self.scale)  # [B, h, N, d]
+        return self.merge_heads(o)
+
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        """Masked N×N softmax attention twice: row mask (own row + prefix), then column mask on the result."""
-        P, (H, W) = self.num_prefix, grid
-        N = P + H * W
-        r = torch.full((N,), -1)
-        c = torch.full((N,), -1)
-        r[P:] = torch.arange(H * W) // W
-        c[P:] = torch.arange(H * W) % W
-        is_prefix = torch.arange(N) < P
-        row_mask = (r[:, None] == r[None, :]) | is_prefix[None, :] | is_prefix[:, None]  # prefix queries: all
-        col_mask = (c[:, None] == c[None, :]) & ~is_prefix[None, :]
-        first = _masked_softmax_attention(q, k, v, row_mask.to(q.device), self.scale)
-        second = _masked_softmax_attention(q, k, first, col_mask.to(q.device), self.scale)
-        return torch.where(is_prefix[None, None, :, None].to(q.device), first, second)
+        """``shared``: masked N×N softmax attention twice: the row mask (row + prefix), then the column mask."""
+        P, N = self.num_prefix, q.shape[2]
+        row, col = _line_masks(P, grid, q.device)
+        is_prefix = torch.arange(N, device=q.device) < P
+        first = _masked_softmax_attention(q, k, v, row | _prefix_open(P, N, q.device), self.scale)
+        second = _masked_softmax_attention(q, k, first, col & ~is_prefix[None, :], self.scale)
+        return torch.where(is_prefix[None, None, :, None], first, second)
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         h, w = grid or self.grid
         return {**super().symbols(grid), "H": h, "W": w, "P": self.num_prefix}
+
+
+def _line_masks(num_prefix: int, grid: Grid, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``[N, N]`` boolean masks of grid tokens in the same row, and in the same column (prefix tokens: none)."""
+    H, W = grid
+    r = torch.full((num_prefix + H * W,), -1, device=device)
+    c = torch.full((num_prefix + H * W,), -2, device=device)
+    r[num_prefix:] = torch.arange(H * W, device=device) // W
+    c[num_prefix:] = torch.arange(H * W, device=device) % W
+    grid_token = r >= 0
+    same = grid_token[:, None] & grid_token[None, :]
+    return same & (r[:, None] == r[None, :]), same & (c[:, None] == c[None, :])
+
+
+def _prefix_open(num_prefix: int, n: int, device: torch.device) -> Tensor:
+    """``[N, N]``: every query may score the prefix keys, and a prefix query every key."""
+    is_prefix = torch.arange(n, device=device) < num_prefix
+    return is_prefix[None, :] | is_prefix[:, None]
 
 
 def _masked_softmax_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:

@@ -13,54 +13,23 @@ backward``). vitzoo's blocks are pre-norm (``x + mix(LN(x))``), where an unnorma
 would add a residual √(NC) times larger than the input; the default ``norm: ortho`` scales by
 ``1/√(NC)`` (a scaling, 0 MACs).
 
-FLOPs convention (fvcore measures FFTs as 0, so this module registers handles in
-:attr:`FNetMixing.flop_handles` for ``aten::fft_fft``, ``aten::fft_fft2`` and ``aten::fft_fftn``,
-which is what ``torch.fft.fft2`` / ``fftn`` / ``fft`` trace to; ``aten::real`` is a view, 0):
-a complex transform over ``M`` points in total (the product of the transformed lengths) costs
-``round(5/2 · M · log₂ M)`` multiply-adds — the classic radix-2 ``5·M·log₂M`` real flops, halved to
-MACs. This is consistent for transforms over several dims: a 2-D ``N×C`` transform done as C
-length-N transforms plus N length-C transforms costs ``5/2·NC·(log₂N + log₂C) = 5/2·M·log₂M``
-with ``M = NC``. Every transform is counted as complex (no discount for real input) and the
-rounding is applied once per transform, then multiplied by the number of transforms (batch).
+FLOPs: the input is real, so the transform is a real one (torch computes the half spectrum and
+mirrors it): ``⌊5/4·M·log₂M + 1/2⌋`` multiply-adds over its ``M = N·C`` points, vitzoo's FFT convention
+(:func:`vitzoo.costs.fft_flops`, ``docs/flops.md``), which ``vitzoo.flops``'s handles for every ``aten::fft_*`` op
+measure alike; taking the real part is a view (0).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
-from fvcore.nn.jit_handles import get_shape
 from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, TokenMixer, check
-
-
-def fft_macs(points: int) -> int:
-    """Multiply-adds of one complex FFT over ``points`` points in total: ``round(5/2 · M · log₂ M)``."""
-    return int(math.floor(2.5 * points * math.log2(points) + 0.5)) if points > 1 else 0
-
-
-def _constant(value: Any) -> Any:
-    """The Python value of a traced constant argument (a ``prim::ListConstruct`` of constants included)."""
-    node = value.node()
-    if node.kind() == "prim::ListConstruct":
-        return [v.toIValue() for v in node.inputs()]
-    return value.toIValue()
-
-
-def fft_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
-    """fvcore handle for ``aten::fft_fft(self, n, dim, norm)``, ``aten::fft_fft2`` and
-    ``aten::fft_fftn(self, s, dim, norm)``: transforms × :func:`fft_macs` (points per transform)."""
-    out = get_shape(outputs[0])
-    dims = _constant(inputs[2])
-    if dims is None:  # fftn: all dims, or the last len(s) dims when s is given
-        sizes = _constant(inputs[1])
-        dims = list(range(len(out) - (len(out) if sizes is None else len(sizes)), len(out)))
-    dims = [dims] if isinstance(dims, int) else dims
-    points = math.prod(out[d] for d in dims)
-    return (math.prod(out) // points) * fft_macs(points)
+from vitzoo.costs import fft_flops
 
 
 @dataclass
@@ -80,9 +49,7 @@ class FNetMixing(TokenMixer):
         ctx: host dims (the grid only matters through N at call time).
     """
 
-    formula = "5/2·NC·log₂(NC)"
-    flop_handles = {"aten::fft_fft": fft_flop_jit, "aten::fft_fft2": fft_flop_jit, "aten::fft_fftn": fft_flop_jit,
-                    "aten::real": None}
+    formula = "⌊5/4·NC·log₂(NC) + 1/2⌋"
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         xf = x if x.dtype in (torch.float32, torch.float64) else x.float()  # FFT kernels: no bf16, fp16 only 2^k
@@ -100,8 +67,8 @@ class FNetMixing(TokenMixer):
         return y.to(x.dtype)
 
     def flops(self, grid: Optional[Grid] = None) -> int:
-        # one complex 2-D transform over N·C points per image
-        return fft_macs(self.seq_len(grid) * self.dim)
+        # one 2-D transform of a real input over N·C points per image
+        return fft_flops(self.seq_len(grid) * self.dim, real=True)
 
 
 def _dft(n: int, device: torch.device) -> tuple[Tensor, Tensor]:

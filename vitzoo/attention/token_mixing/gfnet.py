@@ -10,51 +10,24 @@ filtered grid tokens (the global-average summary the paper's classifier reads), 
 reads the whole image. The filter depends on the grid: the mixer is fixed-length (``interpolate: true``
 resamples the filter bilinearly to another grid, as the paper does for larger inputs).
 
-FLOPs: the filter product is elementwise (0 in vitzoo's convention). The FFTs follow FNet's convention
-(:func:`vitzoo.attention.token_mixing.fnet.fft_macs`): a real transform over M points counts as a
-complex one, ``round(5/2·M·log₂M)`` per transform; this module's :attr:`flop_handles` count
-``aten::fft_rfft*`` by their input's transformed dims and ``aten::fft_irfft*`` by their output's.
+FLOPs: the two FFTs are real transforms (``rfft2``, ``irfft2``) over the M = H·W grid points, one per channel,
+``⌊5/4·M·log₂M + 1/2⌋`` each in vitzoo's FFT convention (:func:`vitzoo.costs.fft_flops`, ``docs/flops.md``); the
+filter product is one complex product per kept frequency and channel, F = H·(⌊W/2⌋+1) frequencies, 4 real
+multiply-adds each (``vitzoo.flops`` measures a product of two complex tensors so).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from fvcore.nn.jit_handles import get_shape
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check
-from vitzoo.attention.token_mixing.fnet import _constant, fft_macs
-
-
-def real_fft_macs(shape: list[int], dims: Any, sizes: Any) -> int:
-    """Transforms × :func:`fft_macs` for a real-side tensor ``shape`` transformed over ``dims``
-    (``None``: all dims, or the last ``len(sizes)`` when ``sizes`` is given)."""
-    if dims is None:
-        dims = list(range(len(shape) - (len(shape) if sizes is None else len(sizes)), len(shape)))
-    dims = [dims] if isinstance(dims, int) else dims
-    points = math.prod(shape[d] for d in dims)
-    return (math.prod(shape) // points) * fft_macs(points)
-
-
-def rfft_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
-    """fvcore handle for ``aten::fft_rfft / rfft2 / rfftn(self, s, dim, norm)``: counted on the real input."""
-    return real_fft_macs(get_shape(inputs[0]), _constant(inputs[2]), _constant(inputs[1]))
-
-
-def irfft_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
-    """fvcore handle for ``aten::fft_irfft / irfft2 / irfftn(self, s, dim, norm)``: counted on the real output."""
-    return real_fft_macs(get_shape(outputs[0]), _constant(inputs[2]), _constant(inputs[1]))
-
-
-REAL_FFT_HANDLES = {
-    "aten::fft_rfft": rfft_flop_jit, "aten::fft_rfft2": rfft_flop_jit, "aten::fft_rfftn": rfft_flop_jit,
-    "aten::fft_irfft": irfft_flop_jit, "aten::fft_irfft2": irfft_flop_jit, "aten::fft_irfftn": irfft_flop_jit,
-}
+from vitzoo.costs import fft_flops
 
 
 def fft_dtype(x: Tensor) -> torch.dtype:
@@ -119,9 +92,8 @@ class GlobalFilter(TokenMixer):
         ctx: dims, the grid the filter is built for, and prefix tokens.
     """
 
-    formula = "2C·⌊5/2·M·log₂(M) + 1/2⌋"
+    formula = "2C·⌊5/4·M·log₂(M) + 1/2⌋ + 4FC"
     fixed_length = True
-    flop_handles = REAL_FFT_HANDLES
 
     def __init__(self, cfg: GFNetConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)
@@ -142,7 +114,7 @@ class GlobalFilter(TokenMixer):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         g, _ = grid_and_prefix(x, self.num_prefix, grid)
         spec = rfft_grid(g.to(fft_dtype(x)))  # [B, H, W/2+1, C]
-        y = irfft_grid(spec * self.complex_filter(grid), grid)  # [B, H, W, C]
+        y = irfft_grid(spec * self.complex_filter(grid), grid)  # [B, H, W, C]: 4FC for the complex product
         return with_prefix(y.to(x.dtype), self.num_prefix)  # [B, N, C]
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
@@ -167,11 +139,12 @@ class GlobalFilter(TokenMixer):
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         h, w = grid or self.grid
-        return {"C": self.dim, "M": h * w}
+        return {"C": self.dim, "M": h * w, "F": h * (w // 2 + 1)}
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         h, w = grid or self.grid
-        return 2 * self.dim * fft_macs(h * w)  # rfft2 and irfft2, one per channel
+        # rfft2 and irfft2, one per channel; the filter: 4 real multiply-adds per complex product at F·C points
+        return 2 * self.dim * fft_flops(h * w, real=True) + 4 * h * (w // 2 + 1) * self.dim
 
 
 def _idft2(spec: Tensor) -> Tensor:
