@@ -28,7 +28,7 @@ from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, segments, train
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.resume import RngState, latest_checkpoint
-from vitzoo.training.run_overrides import resume_arguments
+from vitzoo.training.run_overrides import check_same_run, resume_arguments
 from vitzoo.training.segments import ElapsedTime, TrainingPeakMemory
 from vitzoo.untrusted import replace_file, write_new
 
@@ -302,6 +302,20 @@ def test_a_resume_takes_the_runs_own_overrides_and_the_command_line_wins(tmp_pat
     assert resume_arguments(["-m", *args]) == ["-m", *args]  # a sweep's jobs resume in fit()
     fresh = ["ckpt_path=auto", f"hydra.run.dir={tmp_path / 'new'}"]
     assert resume_arguments(fresh) == fresh
+
+
+def test_a_config_that_contradicts_the_checkpoint_is_one_line_naming_each_difference():
+    data = {"name": "digits", "num_classes": 10, "img_size": 32, "batch_size": 32}
+    run = {"model": {"name": "vit_cifar", "depth": 1}, "attention": {"name": "window", "window_size": 2}, "data": data}
+    now = {"model": {"name": "vit_cifar", "depth": 2}, "attention": {"name": "global"},
+           "data": {**data, "batch_size": 64}}
+    with pytest.raises(ConfigError) as err:
+        check_same_run(now, run, "the run in R")
+    assert str(err.value).startswith("attention.name=global (the run has window); model.depth=2 (the run has 1) "
+                                     "contradicts the run in R; drop the option")
+    assert "window_size" not in str(err.value) and "batch_size" not in str(err.value) and "\n" not in str(err.value)
+    check_same_run({**run, "data": {**data, "batch_size": 64}}, run, "the run in R")  # loading options may change
+    check_same_run(now, {"data": data}, "the run in R")  # a checkpoint without model and attention sections
 
 
 @pytest.mark.parametrize("case", ["copied", "empty_last", "folder_last"])

@@ -118,7 +118,7 @@ def resume_arguments(args: Sequence[str]) -> list[str]:
 def check_command_line_resume(args: Sequence[str], run_dir: Path) -> None:
     """Compose ``train.yaml`` with ``args`` (Hydra's own options left out) and refuse it when it contradicts the
     run's newest checkpoint (see :func:`check_same_run`). A command line Hydra cannot compose is left for Hydra
-    to report.
+    to report. The caller has imported :mod:`vitzoo.training` (it registers the ``optim``/``benchmark`` configs).
 
     Args:
         args: the merged command line.
@@ -130,7 +130,6 @@ def check_command_line_resume(args: Sequence[str], run_dir: Path) -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import vitzoo.training  # noqa: F401  (registers the optim/benchmark configs that train.yaml composes)
     from vitzoo.configs import CONFIG_DIR
     from vitzoo.training.utils import read_checkpoint
 
@@ -176,7 +175,8 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def run_differences(now: Mapping[str, Any], before: Mapping[str, Any]) -> list[str]:
     """The :data:`SAME_RUN` options whose values differ, as ``key=<now> (the run has <before>)``, sorted by key;
-    where ``model.name`` or ``attention.name`` differs, that one stands for the options of its section.
+    where ``model.name`` or ``attention.name`` differs, that one stands for the options of its section. A section
+    the saved config lacks is not compared.
 
     Args:
         now: the config of this command (resolved).
@@ -184,7 +184,8 @@ def run_differences(now: Mapping[str, Any], before: Mapping[str, Any]) -> list[s
     """
     a, b = flatten(dict(now)), flatten(dict(before))
     unset = "unset"
-    keys = sorted(k for k in set(a) | set(b) if _under(k, SAME_RUN) and a.get(k, unset) != b.get(k, unset))
+    compared = [key for key in SAME_RUN if isinstance(before.get(key.split(".")[0]), Mapping)]  # sections it has
+    keys = sorted(k for k in set(a) | set(b) if _under(k, compared) and a.get(k, unset) != b.get(k, unset))
     renamed = [section for section in ("model", "attention") if f"{section}.name" in keys]
     keys = [k for k in keys if k.endswith(".name") or not _under(k, renamed)]
     return [f"{k}={a.get(k, unset)} (the run has {b.get(k, unset)})" for k in keys]
