@@ -162,14 +162,26 @@ def test_loggers_compose_and_console_is_in_train_log(tmp_path, monkeypatch):
     assert "\x1b[" not in log
 
 
-def test_run_console_records_the_error_line(tmp_path):
+def test_run_console_keeps_whole_lines_and_the_error(tmp_path):
+    import logging
+
+    path = tmp_path / ("x" * 150) / "results.json"
     with pytest.raises(ConfigError):
         with run_console(tmp_path):
-            console.print(f"a long line naming {tmp_path / ('x' * 150) / 'results.json'}")
+            console.print(f"a long line naming {path}")
+            logging.getLogger("pytorch_lightning").warning("GPU available: False")  # the Trainer is built
             raise ConfigError("data.root=/nowhere does not exist")
     log = (tmp_path / "train.log").read_text().splitlines()
-    assert log == [f"a long line naming {tmp_path / ('x' * 150) / 'results.json'}",
-                   "error: data.root=/nowhere does not exist"]
+    assert log == [f"a long line naming {path}", "GPU available: False", "error: data.root=/nowhere does not exist"]
+
+
+def test_run_stopped_before_the_trainer_leaves_train_log_as_it_was(tmp_path):
+    (tmp_path / "train.log").write_text("the run so far\n")
+    with pytest.raises(ConfigError):
+        with run_console(tmp_path):
+            print("ckpt_path=auto: resuming from last.ckpt")
+            raise ConfigError("attention.name=global (the run has window) contradicts the run")
+    assert (tmp_path / "train.log").read_text() == "the run so far\n"
 
 
 def test_progress_bar_counts_epochs_from_one():

@@ -29,16 +29,64 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour and cursor sequences
 _CURSOR = re.compile(r"\x1b\[[0-9]*[AK]|\x1b\[\?25l")  # cursor up / erase line / hide cursor: a live display
 
 
+class _RunLog:
+    """``train.log``, written only once the run is under way: text before that is held, and dropped if the run
+    stops first (a refused resume or a bad option changes no file of the run folder).
+
+    Args:
+        path: the log file (opened for appending when the run starts).
+    """
+
+    def __init__(self, path: Path):
+        self.path, self.file, self.held = path, None, []
+
+    def start(self) -> None:
+        if self.file is None:
+            self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            self.write("".join(self.held))
+            self.held = []
+
+    def write(self, text: str) -> None:
+        if self.file is None:
+            self.held.append(text)
+        elif text:
+            self.file.write(text)
+            self.file.flush()
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class _StartOnRecord(logging.Handler):
+    """Copies Lightning's log lines into the run log; the first one (the Trainer is built, every check of the run
+    passed) starts the log."""
+
+    def __init__(self, log: _RunLog):
+        super().__init__()
+        self.log = log
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError):  # an unwritable folder: the console alone
+            self.log.start()
+            self.log.write(self.format(record) + "\n")
+
+
 class _Tee:
     """A text stream that writes to ``stream`` and, without colours, to ``log``; the frames of a live display
     (cursor movements) go to the log once, the last frame when the display ends (the cursor is shown again).
 
     Args:
         stream: the terminal or pipe (``sys.stdout`` / ``sys.stderr`` as they were).
-        log: the open ``train.log``.
+        log: the run's ``train.log``.
     """
 
-    def __init__(self, stream: TextIO, log: TextIO):
+    def __init__(self, stream: TextIO, log: _RunLog):
         self.stream, self.log = stream, log
         self.frame = ""  # the latest frame of a live display, not yet in the log
 
@@ -62,7 +110,6 @@ class _Tee:
             plain = "\n".join(ln.rstrip() for ln in plain.splitlines() if ln.strip()) + "\n" if plain.strip() else ""
         if plain:
             self.log.write(plain)
-            self.log.flush()
 
     def flush(self) -> None:
         self.stream.flush()
@@ -78,10 +125,12 @@ class _Tee:
 @contextlib.contextmanager
 def run_console(out_dir: Path, name: str = "train.log") -> Iterator[None]:
     """Copy the run's console into ``<out_dir>/<name>`` (rank 0) and draw Rich output at :data:`WIDE` columns
-    when stdout is not a terminal. An error that ends the run is written there as one line.
+    when stdout is not a terminal. The log starts when the Trainer is built (what was printed before is copied
+    then) or when the run ends; an error after that is written there as one line. A run stopped before (a bad
+    option, a refused resume) leaves the file as it was.
 
     Args:
-        out_dir: the run folder (created if missing; no copy when it cannot be written).
+        out_dir: the run folder.
         name: the log file (Hydra's job log of ``vitzoo-train``).
     """
     wide = not sys.stdout.isatty()
@@ -89,35 +138,30 @@ def run_console(out_dir: Path, name: str = "train.log") -> Iterator[None]:
     if wide:
         console.width = WIDE
         os.environ["COLUMNS"] = str(WIDE)  # consoles made during the run (the progress bar's) read it
-    log = None
-    if rank_zero_only.rank == 0:
-        with contextlib.suppress(OSError):
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            log = open(Path(out_dir) / name, "a", encoding="utf-8")  # noqa: SIM115 - closed below
-    if log is None:
-        try:
-            yield
-        finally:
-            _restore_width(old_width, old_columns, wide)
-        return
-    handler = logging.StreamHandler(log)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    lightning = [logging.getLogger(n) for n in LIGHTNING_LOGGERS]
+    log = _RunLog(Path(out_dir) / name) if rank_zero_only.rank == 0 else None
+    handler = _StartOnRecord(log) if log is not None else None
+    lightning = [logging.getLogger(n) for n in LIGHTNING_LOGGERS] if handler is not None else []
     for logger in lightning:
         logger.addHandler(handler)
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+    if log is not None:
+        sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
     try:
         yield
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.start()
     except BaseException as e:
-        text = str(e) if isinstance(e, SystemExit) and isinstance(e.code, str) else f"error: {one_line(e)}"
-        log.write(text + "\n")
+        if log is not None and log.file is not None:
+            text = str(e) if isinstance(e, SystemExit) and isinstance(e.code, str) else f"error: {one_line(e)}"
+            log.write(text + "\n")
         raise
     finally:
         sys.stdout, sys.stderr = out, err
         for logger in lightning:
             logger.removeHandler(handler)
-        log.close()
+        if log is not None:
+            log.close()
         _restore_width(old_width, old_columns, wide)
 
 
