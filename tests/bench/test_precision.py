@@ -79,23 +79,21 @@ def test_linear_normaliser_does_not_overflow_fp16():
     assert torch.isfinite(out).all() and token_errors(out, ref).max() <= TOLERANCE[torch.float16]
 
 
-def test_rfa_learned_scale_is_bounded():
-    """A learned θ far beyond ``max_scale`` acts as s = max_scale·tanh(θ/max_scale) < max_scale, the same as that
-    fixed s; no normaliser falls below the exact kernel's least value."""
+def test_rfa_large_learned_scale_stays_finite_in_float32():
+    """A learned s of 5 (no cap) in float32: the positive features' normaliser is > 0 for every row and the
+    stabilised fast path gives finite outputs close to the float64 result."""
     torch.manual_seed(0)
     attn = make_attention("rfa", (14, 14), 1).eval()
     with torch.no_grad():
         attn.scale_param.fill_(5.0)
-    s = float(attn.feature_scale().max())
-    assert s < attn.cfg.max_scale
-    bounded = make_attention("rfa", (14, 14), 1, learn_scale=False, scale=s).eval()
-    bounded.load_state_dict({**attn.state_dict(), "scale_param": attn.feature_scale().detach()})
     x = torch.randn(2, 197, 32)
-    torch.testing.assert_close(attn(x, (14, 14)), bounded(x, (14, 14)))
     q, k, _ = attn.split_heads(x)
     omega = attn.features.weight
     den = attn.feature_map(q, omega, True) @ attn.feature_map(k, omega, False).sum(-2).unsqueeze(-1)  # [B, h, N, 1]
-    assert (den > 0).float().mean() > 0.99
+    assert bool((den > 0).all())
+    out = attn(x, (14, 14))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), attn.double()(x.double(), (14, 14)), rtol=1e-3, atol=1e-4)
 
 
 def test_sinkhorn_padded_grid_gradients_finite_when_sorting_is_hard():

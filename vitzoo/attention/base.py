@@ -22,6 +22,8 @@ Capability flags are class attributes checked when the model is built:
 * ``fixed_length``: parameters depend on the sequence length fixed at construction.
 * ``linear_cost``: cost grows linearly with N at fixed options (sparse, windowed, linear backends).
 * ``impls``: the values the config's ``impl`` option accepts (empty: the backend has one implementation).
+* ``prefix_tokens(cfg)``: how many persistent prefix tokens (class token included) the host must carry
+  (``longformer``'s persistent global tokens); 0 by default.
 
 A backend's family is the subpackage its module lives in (:func:`vitzoo.attention.attention_family`).
 """
@@ -125,6 +127,17 @@ class TokenMixer(nn.Module):
         self.grid: Grid = tuple(ctx.grid)
         self.num_prefix = ctx.num_prefix
         self.layer_index = ctx.layer_index
+
+    @classmethod
+    def prefix_tokens(cls, cfg: Any) -> int:
+        """Prefix tokens (the class token among them) the backend asks its host to carry through every block,
+        prepended once at the input; a ViT adds learned tokens after its class token up to this count.
+        0 (the default): no request.
+
+        Args:
+            cfg: the backend's config.
+        """
+        return 0
 
     def seq_len(self, grid: Optional[Grid] = None) -> int:
         """N = P + H*W at ``grid`` (default: the construction grid)."""

@@ -14,7 +14,7 @@ import torch
 from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
-from vitzoo.attention import MixerContext, attention_config
+from vitzoo.attention import MixerContext, attention_class, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
@@ -75,8 +75,11 @@ class VisionTransformer(nn.Module):
         C = cfg.embed_dim
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, strict_img_size=False)
         self.grid = tuple(self.patch_embed.grid_size)
-        self.num_prefix = int(cfg.class_token)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
+        # persistent prefix tokens the backend asks for beyond the class token (longformer's global tokens)
+        extra = max(0, attention_class(self.attention_cfg).prefix_tokens(self.attention_cfg) - int(cfg.class_token))
+        self.global_tokens = nn.Parameter(torch.zeros(1, extra, C)) if extra else None
+        self.num_prefix = int(cfg.class_token) + extra
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.grid[0] * self.grid[1], C))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
@@ -114,6 +117,8 @@ class VisionTransformer(nn.Module):
         trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        if self.global_tokens is not None:
+            trunc_normal_(self.global_tokens, std=0.02)
         init_weights(self)
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
@@ -124,8 +129,9 @@ class VisionTransformer(nn.Module):
         """``x[B, 3, H, W] -> tokens[B, P + H/p·W/p, C]`` after the final norm."""
         grid = self.token_grid(x.shape[-2:])
         x = self.patch_embed(x)  # [B, h·w, C]
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # [B, 1 + h·w, C]
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.global_tokens) if t is not None]
+        if prefix:  # class token, then the backend's global tokens
+            x = torch.cat([*prefix, x], dim=1)  # [B, P + h·w, C]
         pos = self.pos_embed
         if grid != self.grid:
             pos = resample_abs_pos_embed(pos, list(grid), list(self.grid), num_prefix_tokens=self.num_prefix)
@@ -149,7 +155,7 @@ class VisionTransformer(nn.Module):
         """Parameter groups in depth order (timm's convention: embeddings, each block, final norm last);
         timm's layer-wise lr decay (``param_groups_layer_decay``) reads it."""
         return {
-            "stem": r"^cls_token|^pos_embed|^patch_embed",
+            "stem": r"^cls_token|^global_tokens|^pos_embed|^patch_embed",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
 

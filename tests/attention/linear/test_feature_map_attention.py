@@ -97,7 +97,7 @@ def test_favor_estimates_softmax_attention():
 
 def test_rfa_features_estimate_gaussian_kernel():
     torch.manual_seed(0)
-    attn = make_attention("rfa", num_features=8192).double()
+    attn = make_attention("rfa", num_features=8192, feature_map="trig").double()
     q, k = torch.randn(1, 4, 10, 8, dtype=torch.float64), torch.randn(1, 4, 10, 8, dtype=torch.float64)
     s, omega = attn.feature_scale(), attn.features.weight
     est = fourier_features(q, s, omega) @ fourier_features(k, s, omega).transpose(-2, -1)  # [1, h, 10, 10]

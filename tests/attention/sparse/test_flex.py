@@ -22,7 +22,8 @@ FIXED = backends(base=SparsePatternAttention)
 # BigBird pads to whole blocks, dilation that stays > 1, more learned global tokens
 CASES = [((8, 8), 1, {}), ((6, 10), 0, {}), ((5, 7), 1, {}), ((9, 12), 0, {})]
 EXTRA = [("local", (8, 8), 1, {"rel_pos_bias": True}), ("local", (6, 10), 0, {"rel_pos_bias": True, "kernel_size": 5}),
-         ("dilated", (12, 9), 1, {"dilation": 3}), ("longformer", (10, 8), 1, {"dilated_heads": 2, "num_global": 3}),
+         ("dilated", (12, 9), 1, {"dilation": 3}), ("longformer", (10, 8), 1,
+          {"dilated_heads": 2, "num_global": 3, "global_tokens": "per_layer"}),
          ("global_tokens", (7, 9), 0, {"num_global": 4, "kernel_size": 5}),
          ("bigbird", (7, 10), 1, {"block_size": 3, "num_global_blocks": 2, "num_random": 1}),
          ("multi_pattern", (8, 6), 0, {"patterns": [["dilated", 2], ["global", 1], ["local", None]]})]

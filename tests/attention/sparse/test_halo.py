@@ -67,9 +67,11 @@ def test_halo_sizes_and_dilated_sub_lattices():
 @pytest.mark.parametrize("name", ["global_tokens", "longformer"])
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_far_token_reaches_every_query_through_the_global_tokens(name, prefix):
-    """Perturbing the token at the far corner changes token (0, 0)'s output in one layer (Swin and ViT hosts)."""
+    """Perturbing the token at the far corner changes token (0, 0)'s output in one layer (Swin and ViT hosts):
+    learned tokens that read the sequence in the layer (longformer's per-layer form)."""
     torch.manual_seed(0)
-    attn = make_attention(name, (8, 8), prefix).double().eval()
+    opts = {"global_tokens": "per_layer"} if name == "longformer" else {}
+    attn = make_attention(name, (8, 8), prefix, **opts).double().eval()
     x = torch.randn(1, prefix + 64, 32, dtype=torch.float64)
     y = x.clone()
     y[0, -1] += 1.0  # token (7, 7)

@@ -2,8 +2,8 @@
 sees the keys (r + a·δ, c + b·δ) with |a|, |b| <= k//2 that lie inside the grid (windows masked at the border,
 not shifted; δ = 1 on sliding heads, the dilation on dilated heads), the class token and the learned global
 tokens. Checked both ways by perturbing one key at a time: every allowed key moves the query's output, no other
-key does (learned global tokens read every token before they are keys, so the window checks run with the class
-token as the only global token). Without any global token on a Swin grid the backend refuses in one line."""
+key does (learned per-layer tokens read every token before they are keys, so the window checks run with the
+class token as the only global token). Without any global token on a Swin grid the backend refuses in one line."""
 from __future__ import annotations
 
 import pytest
@@ -44,7 +44,7 @@ def reached(attn, grid, prefix: int) -> torch.Tensor:
 def test_longformer_sees_exactly_the_paper_window(dilated_heads, dilation):
     torch.manual_seed(0)
     attn = make_attention("longformer", GRID, PREFIX, kernel_size=K, dilated_heads=dilated_heads,
-                          dilation=dilation, num_global=0).double().eval()
+                          dilation=dilation, num_global=1).double().eval()
     seen = reached(attn, GRID, PREFIX)
     assert seen[:, :PREFIX].all(), "a grid query does not see the class token"
     expected = allowed_keys(GRID, K, dilation if dilated_heads else 1)
@@ -55,13 +55,13 @@ def test_longformer_mixed_heads_see_the_union():
     """Two sliding and two dilated heads: a query sees the union of both windows (through the output projection)."""
     torch.manual_seed(0)
     attn = make_attention("longformer", GRID, PREFIX, kernel_size=K, dilated_heads=2, dilation=2,
-                          num_global=0).double().eval()
+                          num_global=1).double().eval()
     expected = allowed_keys(GRID, K, 1) | allowed_keys(GRID, K, 2)
     assert torch.equal(reached(attn, GRID, PREFIX)[:, PREFIX:], expected)
 
 
 def test_longformer_without_global_tokens_on_swin_is_one_line():
     with pytest.raises(ConfigError, match=r"attention=longformer needs a global token") as err:
-        make_attention("longformer", (8, 8), 0, num_global=0)
+        make_attention("longformer", (8, 8), 0, num_global=0, global_tokens="per_layer")
     assert "\n" not in str(err.value)
-    make_attention("longformer", (8, 8), 1, num_global=0)  # the class token is global: allowed
+    make_attention("longformer", (8, 8), 1, num_global=0, global_tokens="per_layer")  # the class token is global

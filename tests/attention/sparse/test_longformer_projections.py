@@ -21,15 +21,18 @@ from vitzoo.attention import ConfigError, attention_config
 from vitzoo.attention.sparse.longformer import LongformerAttention
 from vitzoo.flops import evaluate_formula, flop_analysis
 
-# (grid, prefix, options): class token and learned tokens with dilated heads, Swin-like (no class token),
-# class token only
-CASES = [((7, 9), 1, {"num_global": 2, "dilated_heads": 2}), ((6, 8), 0, {"num_global": 1}),
-         ((5, 7), 1, {"num_global": 0, "dilated_heads": 1})]
+# (grid, prefix, options): class token and per-layer learned tokens with dilated heads, Swin-like (no class token),
+# class token only, three persistent global tokens (the class token among them)
+PER_LAYER = {"global_tokens": "per_layer"}
+CASES = [((7, 9), 1, {"num_global": 2, "dilated_heads": 2, **PER_LAYER}), ((6, 8), 0, {"num_global": 1}),
+         ((5, 7), 1, {"num_global": 0, "dilated_heads": 1, **PER_LAYER}), ((6, 7), 3,
+          {"num_global": 3, "global_tokens": "persistent"})]
 
 
 def build(grid, prefix, mode: str = "separate", impl: str = "blocked", **opts) -> LongformerAttention:
-    """``longformer`` in float64 and eval mode, seeded."""
+    """``longformer`` in float64 and eval mode, seeded (per-layer tokens unless ``opts`` says otherwise)."""
     torch.manual_seed(0)
+    opts = {**PER_LAYER, **opts}
     return make_attention("longformer", grid, prefix, global_projections=mode, impl=impl, **opts).double().eval()
 
 
@@ -175,9 +178,9 @@ def test_flops_of_both_options(grid, prefix, opts):
             measured = flop_analysis(Host(attn, grid), (x,)).by_module()["attn"]
         assert measured == attn.flops(grid) == evaluate_formula(attn.formula, attn.symbols(grid)), mode
         counts[mode] = measured
-    assert make_attention("longformer", grid, prefix, global_projections="shared", **opts).formula == (
-        LongformerAttention.shared_formula)
-    N, C, g = prefix + grid[0] * grid[1], 32, opts["num_global"]
+    shared = make_attention("longformer", grid, prefix, global_projections="shared", **opts)
+    assert shared.formula == LongformerAttention.shared_formula
+    N, C, g = prefix + grid[0] * grid[1], 32, shared.num_learned
     assert counts["separate"] - counts["shared"] == 2 * N * C * C + 2 * min(prefix, 1) * g * C * C
 
 
@@ -190,11 +193,12 @@ def test_state_dict_without_global_projection_fails_strict_load():
         shared.load_state_dict(separate.state_dict())
 
 
-@pytest.mark.parametrize("model", ["vit_cifar", "swin_cifar"])
-def test_models_fast_paths_equal_the_reference(model):
-    """In ViT (class token) and Swin (no class token) hosts, float64: blocked, flex and the dense reference."""
+@pytest.mark.parametrize("model,num_global", [("vit_cifar", 1), ("vit_cifar", 3), ("swin_cifar", 1)])
+def test_models_fast_paths_equal_the_reference(model, num_global):
+    """In ViT (class token, persistent global tokens) and Swin (no class token: per-layer tokens) hosts, float64:
+    blocked, flex and the dense reference."""
     torch.manual_seed(0)
-    net = create_model(model, attention=attention_yaml("longformer")).double().eval()
+    net = create_model(model, attention={**attention_yaml("longformer"), "num_global": num_global}).double().eval()
     layers = [m for m in net.modules() if isinstance(m, LongformerAttention)]
     assert layers and all(m.qkv_global is not None for m in layers)
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)

@@ -14,10 +14,12 @@ the matmuls that read them.
 
 Feature maps (``kind``), of prepared inputs ``x`` (q and k scaled or normalised chunk by chunk):
 
-* ``"exp"`` (performer): ``φ(x) = exp(ωx - ‖x‖²/2 - c)`` of ``x = q/d^¼`` with ``c`` the largest exponent
+* ``"exp"`` (performer; rfa's positive map on the inputs it prepares): ``φ(x) = exp(ωx - ‖x‖²/2 - c)`` of
+  ``x = q/d^¼`` with ``c`` the largest exponent
   of the query's row (queries) or of all keys of the (image, head) (keys); ``c`` is a constant of autograd.
   The ``1/d^¼`` is folded into ω and ``‖x‖²``, so that q and k are read in place (no scaled copy).
-* ``"fourier"`` (rfa): ``φ(x) = [sin ωx, cos ωx]`` of ``x = s∘q/‖q‖``; the ``1/√D`` of both φ's is the ``factor`` 1/D.
+* ``"fourier"`` (rfa's trig map): ``φ(x) = [sin ωx, cos ωx]`` of ``x = s∘q/‖q‖``; the ``1/√D`` of both φ's is
+  the ``factor`` 1/D.
 * ``"elu"`` (linear): ``φ(x) = elu(x) + 1`` (no ω).
 
 Gradients are those of the plain expression (checked by ``gradcheck`` in the tests). Features and

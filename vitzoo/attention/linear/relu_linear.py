@@ -4,13 +4,28 @@ Paper: Cai et al., "EfficientViT: Multi-Scale Linear Attention for High-Resoluti
 ICCV 2023, https://arxiv.org/abs/2205.14756. ``out_i = Σ_j (ReLU(q_i)·ReLU(k_j)) v_j / Σ_j ReLU(q_i)·ReLU(k_j)``,
 computed as ``ReLU(Q)(ReLU(K)ᵀV)`` over ``ReLU(Q)(Σ_j ReLU(k_j))``: cost linear in N.
 
-Multi-scale aggregation (option ``scales``, the paper's EfficientViT uses ``[5]``): for each kernel side s
-the q/k/v maps of the grid tokens go through a depthwise s×s convolution and a 1×1 convolution grouped
-per head, giving h more heads of q/k/v; all heads attend, and the output projection maps the
-``(1 + S)·C`` channels back to C. Prefix tokens are ordinary tokens of the attention; in the aggregated
-heads they keep their own q/k/v (a convolution needs grid neighbours). No attention weights are formed,
-so ``attn_drop`` is not used. The attention core runs in float32 under autocast (as the paper's code), so
-the normaliser of a query with ReLU(q)·Σ ReLU(k) = 0 stays exact.
+The paper's LiteMLA block, as in its released code:
+
+* heads of ``attention.head_dim`` channels (8, EfficientViT's width): h = C / 8 heads, whatever
+  ``model.num_heads`` says (``head_dim: null`` takes the model's C/h instead);
+* multi-scale aggregation (``attention.scales``, default ``[5]``): for each kernel side s the q/k/v maps of
+  the grid tokens go through a depthwise s×s convolution and a 1×1 convolution grouped per head, giving
+  h more heads of q/k/v; all ``(1 + S)h`` heads attend, and the output projection maps the ``(1 + S)·C``
+  channels back to C;
+* BatchNorm after the output projection (``attention.proj_norm: batch``; the projection then has no bias,
+  as the paper's 1×1 convolution). Tokens are the batch of the norm: its statistics run over images and
+  tokens, the class token included.
+
+Prefix tokens are ordinary tokens of the attention; in the aggregated heads they keep their own q/k/v (a
+convolution needs grid neighbours). No attention weights are formed, so ``attn_drop`` is not used. The
+attention core runs in float32 under autocast (as the paper's code), so the normaliser of a query with
+ReLU(q)·Σ ReLU(k) = 0 stays exact; so do the q/k/v projection and the aggregation (the paper's code runs them
+in half precision: in bf16 their rounding, through the normalisers of 8-channel heads, moves outputs by several
+per cent). Under autocast only the output projection runs in half precision.
+
+Where vitzoo departs from the paper's block: the q/k/v projection is a token-wise linear layer with the model's
+``qkv_bias`` (the paper's 1×1 convolution has no bias), and the block sits in a pre-norm transformer block
+(LayerNorm before it, a residual around it), where EfficientViT pairs it with an MBConv.
 """
 from __future__ import annotations
 
@@ -22,44 +37,69 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check
+from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive
 
 EPS = 1e-15  # added to the normaliser (the paper's code), exact in float32
+PROJ_NORMS = ("batch", "none")  # values of attention.proj_norm
 
 
 @dataclass
 class ReLULinearConfig:
-    scales: list[int] = field(default_factory=list)  # kernel sides of the multi-scale aggregation ([] = none)
+    scales: list[int] = field(default_factory=lambda: [5])  # kernel sides of the multi-scale aggregation ([] = none)
+    head_dim: Optional[int] = 8  # channels per head (EfficientViT: 8); None: C / model.num_heads
+    proj_norm: str = "batch"  # after the output projection: batch (BatchNorm, the paper) or none
 
     def __post_init__(self):
         self.scales = list(self.scales)
-        check(all(isinstance(s, int) and s > 0 and s % 2 == 1 for s in self.scales),
+        check(all(isinstance(s, int) and not isinstance(s, bool) and s > 0 and s % 2 == 1 for s in self.scales),
               f"attention.scales must be a list of odd positive integers (got {self.scales!r})")
+        if self.head_dim is not None:
+            check_positive(self, "head_dim")
+        check(self.proj_norm in PROJ_NORMS,
+              f"attention.proj_norm must be one of {', '.join(PROJ_NORMS)} (got {self.proj_norm!r})")
 
 
 @register_attention("relu_linear", ReLULinearConfig)
 class ReLULinearAttention(TokenMixer):
-    """``ReLU(Q)(ReLU(K)ᵀV) / ReLU(Q)ΣReLU(K)`` with optional multi-scale heads; cost :attr:`formula`.
+    """``ReLU(Q)(ReLU(K)ᵀV) / ReLU(Q)ΣReLU(K)`` with multi-scale heads and a BatchNorm; cost :attr:`formula`
+    (β = 2: fvcore's count per element of an eval-mode BatchNorm, its scale and shift, as FLOPs are measured in
+    eval; fvcore counts a training-mode one as 5 per element; β = 0 with ``proj_norm: none``).
 
     Args:
         cfg: ReLULinearConfig.
         ctx: dims, heads, grid and prefix tokens from the host block.
     """
 
-    formula = "3NC² + 3MC(K + Sd) + (1 + S)(NC² + 2NdC + NC)"
+    formula = "3NC² + 3MC(K + Sd) + (1 + S)(NC² + 2NdC + NC) + βNC"
     linear_cost = True
 
     def __init__(self, cfg: ReLULinearConfig, ctx: MixerContext):
+        if cfg.head_dim is not None:
+            check(ctx.dim % cfg.head_dim == 0,
+                  f"attention.head_dim={cfg.head_dim} must divide model.embed_dim ({ctx.dim}); pick a divisor or null "
+                  f"(C / model.num_heads)")
         super().__init__(cfg, ctx)
+        if cfg.head_dim is not None:  # the paper's narrow heads: h = C / head_dim
+            self.head_dim, self.num_heads = cfg.head_dim, ctx.dim // cfg.head_dim
         C3 = 3 * ctx.dim
         self.qkv = nn.Linear(ctx.dim, C3, bias=ctx.qkv_bias)
         self.aggreg = nn.ModuleList(
             nn.Sequential(nn.Conv2d(C3, C3, s, padding=s // 2, groups=C3, bias=False),
-                          nn.Conv2d(C3, C3, 1, groups=3 * ctx.num_heads, bias=False))
+                          nn.Conv2d(C3, C3, 1, groups=3 * self.num_heads, bias=False))
             for s in cfg.scales
         )
-        self.proj = nn.Linear((1 + len(cfg.scales)) * ctx.dim, ctx.dim)
+        batch = cfg.proj_norm == "batch"
+        self.proj = nn.Linear((1 + len(cfg.scales)) * ctx.dim, ctx.dim, bias=not batch)
+        self.norm = nn.BatchNorm1d(ctx.dim) if batch else None
         self.proj_drop = nn.Dropout(ctx.proj_drop)
+
+    def project(self, o: Tensor) -> Tensor:
+        """``o[B, N, (1 + S)C] -> [B, N, C]``: the output projection, its BatchNorm over images and tokens, dropout."""
+        o = self.proj(o)
+        if self.norm is not None:
+            B, N, C = o.shape
+            o = self.norm(o.reshape(B * N, C)).reshape(B, N, C)  # tokens as the norm's batch [B·N, C]
+        return self.proj_drop(o)
 
     def branches(self, qkv: Tensor, grid: Grid) -> list[Tensor]:
         """``qkv[B, N, 3C]`` and its aggregated copies (prefix tokens unchanged), each ``[B, N, 3C]``."""
@@ -73,17 +113,18 @@ class ReLULinearAttention(TokenMixer):
         return out
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
-        heads = [self.to_heads(t, 3) for t in self.branches(self.qkv(x), grid)]
-        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: the core in float32
-        q, k, v = (torch.cat([h[i] for h in heads], dim=1).to(dtype) for i in range(3))  # [B, (1+S)h, N, d]
-        q, k = F.relu(q), F.relu(k)
-        kv = k.transpose(-2, -1) @ v  # [B, h', d, d]: N·d·d per head
-        num = q @ kv  # [B, h', N, d]: N·d·d per head
-        den = torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=2))  # [B, h', N]: N·d per head
-        o = (num / (den[..., None] + EPS)).to(x.dtype)
+        dtype = torch.promote_types(x.dtype, torch.float32)  # half precision: q/k/v, aggregation, core in float32
+        with torch.autocast(x.device.type, enabled=False):
+            heads = [self.to_heads(t, 3) for t in self.branches(self.qkv(x.to(dtype)), grid)]
+            q, k, v = (torch.cat([h[i] for h in heads], dim=1) for i in range(3))  # [B, (1+S)h, N, d]
+            q, k = F.relu(q), F.relu(k)
+            kv = k.transpose(-2, -1) @ v  # [B, h', d, d]: N·d·d per head
+            num = q @ kv  # [B, h', N, d]: N·d·d per head
+            den = torch.einsum("bhnd,bhd->bhn", q, k.sum(dim=2))  # [B, h', N]: N·d per head
+            o = (num / (den[..., None] + EPS)).to(x.dtype)
         B, _, N, _ = o.shape
         o = o.transpose(1, 2).reshape(B, N, -1)  # [B, N, (1+S)C]
-        return self.proj_drop(self.proj(o))
+        return self.project(o)
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Explicit kernel sums over an N×N matrix of ``ReLU(q_i)·ReLU(k_j)``; the aggregation as shifted sums."""
@@ -92,7 +133,7 @@ class ReLULinearAttention(TokenMixer):
         for agg in self.aggreg:
             outs.append(_relu_attention(self._aggregate(qkv, agg, grid), self.num_heads))
         o = torch.cat(outs, dim=-1)  # [B, N, (1+S)C]
-        return self.proj_drop(self.proj(o))
+        return self.project(o)
 
     def _aggregate(self, qkv: Tensor, agg: nn.Sequential, grid: Grid) -> Tensor:
         """Depthwise s×s as a sum of zero-padded shifts, then the grouped 1×1 as an einsum per group."""
@@ -108,8 +149,12 @@ class ReLULinearAttention(TokenMixer):
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         h, w = grid or self.grid
-        return {**super().symbols(grid), "M": h * w, "K": sum(s * s for s in self.cfg.scales),
-                "S": len(self.cfg.scales), "d": self.head_dim}
+        return {**super().symbols(grid), "h": self.num_heads, "M": h * w, "K": sum(s * s for s in self.cfg.scales),
+                "S": len(self.cfg.scales), "d": self.head_dim, "β": self.norm_cost()}
+
+    def norm_cost(self) -> int:
+        """fvcore's count per element of the BatchNorm in eval mode (scale and shift: 2); 0 without it."""
+        return 0 if self.norm is None else 2
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         n, c, d = self.seq_len(grid), self.dim, self.head_dim
@@ -118,7 +163,8 @@ class ReLULinearAttention(TokenMixer):
         total = 3 * n * c * c  # qkv projection
         total += 3 * h * w * c * (K + S * d)  # depthwise s×s (3C·s² per token) + grouped 1×1 (3C·d per token)
         # per head: ReLU(K)ᵀV N·d², ReLU(Q)·kv N·d², normaliser N·d; proj (1+S)C -> C
-        return total + (1 + S) * (n * c * c + 2 * n * d * c + n * c)
+        total += (1 + S) * (n * c * c + 2 * n * d * c + n * c)
+        return total + self.norm_cost() * n * c  # BatchNorm after the projection
 
 
 def _relu_attention(qkv: Tensor, heads: int) -> Tensor:

@@ -11,10 +11,20 @@ Three parts, as in Longformer:
   border tokens see fewer keys while the cost (halo keys per query) does not shrink;
 * dilated windows on ``attention.dilated_heads`` of the heads: k×k keys spaced δ apart, centred
   and masked the same way (δ shrinks per axis to ``side // k`` on small grids, DiNAT's rule);
-* global tokens: the prefix tokens (ViT's class token) and g learned tokens of this layer. Every
-  token attends to them; prefix queries attend to every token. In every layer the learned tokens
-  first read the sequence (their queries attend to every token) and their states ``s = t + read`` give
-  the keys and values, so global information flows in one layer (see :mod:`vitzoo.attention.sparse.pattern`).
+* global tokens (``attention.global_tokens``): every token attends to them, their queries attend to every token.
+
+  - ``persistent`` (the default, Vision Longformer's form): ``attention.num_global`` tokens of the sequence,
+    the class token and ``num_global - 1`` learned tokens, prepended once at the model's input and carried
+    through every block like any other token (each block updates them: attention, MLP, residual). The backend
+    asks for them through :meth:`LongformerAttention.prefix_tokens`; the ViT sizes its prefix from it (the
+    learned tokens ``global_tokens`` of the model, after the class token, with their own position-embedding
+    slots). In a layer they are the P prefix tokens, P = ``num_global``; there are no per-layer tokens (g = 0).
+    A host without prefix tokens (Swin: no class token, and patch merging changes the sequence between stages)
+    gets the ``per_layer`` form instead, with ``num_global`` learned tokens per layer.
+  - ``per_layer``: the prefix tokens (the class token) and ``num_global`` learned tokens of this layer (ETC's
+    global memory). In every layer the learned tokens first read the sequence (their queries attend to every
+    token) and their states ``s = t + read`` give the keys and values, so global information flows in one
+    layer (see :mod:`vitzoo.attention.sparse.pattern`); they are not carried to the next layer.
 
 Projections (the paper's Sec. 3.1, "Linear Projections for Global Attention"): two sets, Q_s, K_s, V_s
 (``qkv``) and Q_g, K_g, V_g (``qkv_global``, with ``attention.global_projections: separate``, the default).
@@ -34,10 +44,17 @@ states' keys and values.
 The global projection is initialised independently (as every linear layer when the model is built), not
 copied from ``qkv``: the paper copies Q_s, K_s, V_s into Q_g, K_g, V_g because it starts from a pretrained
 RoBERTa (from timm weights, ``model.pretrained``, vitzoo reports ``qkv_global`` as new and keeps that
-initialisation). ``attention.global_projections: shared`` uses ``qkv`` for every row (no ``qkv_global``); its cost is
-``4NC² + 3gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ + 2P(N + g)C``. A state dict without
-``qkv_global`` (written with ``shared``) does not load into ``separate``: a strict load names the missing
-``qkv_global`` tensors.
+initialisation). ``attention.global_projections: shared`` uses ``qkv`` for every row (no ``qkv_global``). A state
+dict without ``qkv_global`` (written with ``shared``) does not load into ``separate``: a strict load names the
+missing ``qkv_global`` tensors.
+
+Costs: :attr:`LongformerAttention.formula` (``separate``) and ``shared_formula`` cover both forms: g is the number of
+per-layer learned tokens, 0 in the ``persistent`` form, where the formula is ``6NC² + 2(K_l + P)L_lC_l +
+2(K_δ + P)L_δC_δ + 2PNC`` with P = ``num_global``.
+
+Where it departs from the paper: one attention layer per block at one grid (Vision Longformer is multi-scale, with
+patch merging between stages and a relative position bias); windows masked at the border rather than
+shifted; dilated heads (from Longformer, not in Vision Longformer).
 
 Windows run as blocked (halo) attention per head group (:mod:`vitzoo.attention.sparse.halo`).
 """
@@ -53,10 +70,15 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 from vitzoo.attention.sparse import flex
-from vitzoo.attention.sparse.geometry import Neighbourhood, check_odd_kernel
-from vitzoo.attention.sparse.neighbourhood import GlobalNeighbourhoodAttention, check_num_global_option
+from vitzoo.attention.sparse.geometry import Neighbourhood, check_num_global, check_odd_kernel
+from vitzoo.attention.sparse.neighbourhood import (
+    GlobalNeighbourhoodAttention,
+    NeighbourhoodAttention,
+    check_num_global_option,
+)
 
 GLOBAL_PROJECTIONS = ("separate", "shared")  # values of attention.global_projections
+GLOBAL_TOKENS = ("persistent", "per_layer")  # values of attention.global_tokens
 
 
 @dataclass
@@ -64,7 +86,8 @@ class LongformerConfig:
     kernel_size: int = 3  # sliding-window side k (odd, <= the grid's shorter side)
     dilation: int = 2  # key stride δ of the dilated heads; shrinks per axis to side // k on small grids
     dilated_heads: int = 1  # heads (the last ones) using dilated windows, 0..num_heads
-    num_global: int = 1  # learned global tokens g per layer (the class token is global as well)
+    num_global: int = 1  # persistent: global tokens, the class token among them; per_layer: learned tokens per layer
+    global_tokens: str = "persistent"  # persistent: sequence tokens carried through every block; per_layer: per layer
     impl: str = "auto"  # auto (flex on CUDA, blocked elsewhere), blocked (halo/gathered) or flex (FlexAttention)
     global_projections: str = "separate"  # separate: global rows use their own Q/K/V (the paper); shared: qkv
 
@@ -77,18 +100,24 @@ class LongformerConfig:
         check(self.global_projections in GLOBAL_PROJECTIONS,
               f"attention.global_projections must be one of {', '.join(GLOBAL_PROJECTIONS)} "
               f"(got {self.global_projections!r})")
+        check(self.global_tokens in GLOBAL_TOKENS,
+              f"attention.global_tokens must be one of {', '.join(GLOBAL_TOKENS)} (got {self.global_tokens!r})")
+        check(self.global_tokens == "per_layer" or self.num_global >= 1,
+              f"attention.num_global={self.num_global} with attention.global_tokens=persistent: the class token is "
+              f"one of the global tokens, so num_global >= 1")
 
 
 @register_attention("longformer", LongformerConfig)
 class LongformerAttention(GlobalNeighbourhoodAttention):
     """Sliding windows (masked at the border), dilated windows on some heads, global tokens.
 
-    Its cost is :attr:`formula` (P prefix, g learned tokens; L_l/L_δ query slots of the blocked
-    grid and K_l/K_δ halo keys per block of the sliding/dilated heads, C_l/C_δ their channels); the
-    instance's follows ``attention.global_projections``. With ``separate``: ``6NC²`` for the projections
-    (queries: Q_s of the grid tokens, Q_g of the prefix tokens; K_s, V_s and K_g, V_g of every token; the
-    output projection), ``3gC²`` for the learned tokens' queries (Q_g) and their states' K_s, V_s,
-    ``2min(P, 1)gC²`` for the states' K_g, V_g that the prefix rows score (none without a prefix token).
+    Its cost is :attr:`formula` (P prefix tokens; g learned tokens per layer, 0 in the ``persistent`` form, whose
+    global tokens are the P prefix tokens; L_l/L_δ query slots of the blocked grid and K_l/K_δ halo keys per
+    block of the sliding/dilated heads, C_l/C_δ their channels); the instance's follows
+    ``attention.global_projections``. With ``separate``: ``6NC²`` for the projections (queries: Q_s of the grid
+    tokens, Q_g of the prefix tokens; K_s, V_s and K_g, V_g of every token; the output projection), ``3gC²`` for
+    the learned tokens' queries (Q_g) and their states' K_s, V_s, ``2min(P, 1)gC²`` for the states' K_g, V_g
+    that the prefix rows score (none without a prefix token).
 
     Args:
         cfg: :class:`LongformerConfig`.
@@ -99,14 +128,28 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
                " + 2P(N + g)C")  # separate; the instance's formula follows global_projections
     shared_formula = "4NC² + 3gC² + 2gNC + 2(K_l + P + g)L_lC_l + 2(K_δ + P + g)L_δC_δ + 2P(N + g)C"
 
+    @classmethod
+    def prefix_tokens(cls, cfg: LongformerConfig) -> int:
+        """``persistent``: the host carries ``num_global`` prefix tokens (the class token among them); else 0."""
+        return cfg.num_global if cfg.global_tokens == "persistent" else 0
+
     def __init__(self, cfg: LongformerConfig, ctx: MixerContext):
         check(cfg.dilated_heads <= ctx.num_heads,
               f"attention.dilated_heads={cfg.dilated_heads} exceeds the layer's {ctx.num_heads} heads "
               f"(model.num_heads); pick 0..{ctx.num_heads}")
+        persistent = cfg.global_tokens == "persistent" and ctx.num_prefix > 0  # a host without prefix: per_layer
+        check(not persistent or ctx.num_prefix >= cfg.num_global,
+              f"attention.num_global={cfg.num_global} persistent global tokens, but the host carries "
+              f"{ctx.num_prefix} prefix token(s): build the model with vitzoo.create_model (it prepends them) or set "
+              f"attention.global_tokens=per_layer")
         check(cfg.num_global > 0 or ctx.num_prefix > 0,
               "attention=longformer needs a global token: attention.num_global=0 on a model without a class token "
               "(Swin) leaves only sliding windows; set attention.num_global >= 1 or use attention=local")
-        super().__init__(cfg, ctx)
+        learned = 0 if persistent else cfg.num_global  # per-layer learned tokens g
+        check_num_global(learned, ctx.grid)
+        NeighbourhoodAttention.__init__(self, cfg, ctx, num_learned=learned)  # g from the form, not cfg.num_global
+        self.global_form = "persistent" if persistent else "per_layer"
+        self.setup()
         if cfg.global_projections == "separate":  # Q_g, K_g, V_g of the global rows (module docstring)
             self.qkv_global = nn.Linear(ctx.dim, 3 * ctx.dim, bias=ctx.qkv_bias).to(self.qkv.weight.device)
         else:
@@ -178,4 +221,4 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads, "
-                f"global_projections={self.cfg.global_projections}")
+                f"global_tokens={self.global_form}, global_projections={self.cfg.global_projections}")
