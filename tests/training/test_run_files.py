@@ -72,6 +72,7 @@ def test_writes_never_follow_a_symlink(tmp_path):
 
 
 def test_eval_report_goes_into_the_eval_run_folder_never_replaced_never_through_a_symlink(tmp_path):
+    (tmp_path / "ckpt").mkdir()
     path = checkpoint(tmp_path / "ckpt", name="model.ckpt")
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -92,8 +93,9 @@ def test_export_never_written_through_a_symlink(tmp_path):
     victim.write_text("precious")
     (folder / "config.json").unlink()
     os.symlink(victim, folder / "config.json")
-    vitzoo.export_model(vitzoo.create_model("vit_cifar", depth=1, embed_dim=32, num_heads=2), folder, replace=True)
-    assert victim.read_text() == "precious" and not (folder / "config.json").is_symlink()
+    with pytest.raises(ConfigError, match=r"^export folder .*export holds other files but no export"):  # not ours
+        vitzoo.export_model(vitzoo.create_model("vit_cifar", depth=1, embed_dim=32, num_heads=2), folder, replace=True)
+    assert victim.read_text() == "precious" and (folder / "config.json").is_symlink()
 
 
 def test_export_script_adds_formats_to_the_runs_export(tmp_path, capsys):

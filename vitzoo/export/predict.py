@@ -65,7 +65,8 @@ def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
     if backend == "onnx":
         onnx_file = folder / FILES["onnx"]
         if not onnx_file.is_file():
-            raise ConfigError(f"backend=onnx: no {onnx_file}; export it with scripts/export.py formats=[onnx]")
+            raise ConfigError(f"the onnx backend needs {onnx_file}; add it with python scripts/export.py "
+                              f"ckpt_path={folder} formats=[onnx]")
         return Predictor(read_onnx(onnx_file), data, f"ONNX Runtime ({onnx_file.name})")
     return Predictor(load_model(folder), data, "eager PyTorch (model.safetensors)")
 
