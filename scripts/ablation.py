@@ -63,11 +63,15 @@ def table(tuning: Path, baseline: Path) -> str:
     stopped = [(p.parent.name, read(p, "val_top1_per_epoch")) for p in sorted(tuning.glob("*/stopped.json"))]
     cpus = sorted({r.get("cpu", "?") for _, r in recs})
     dates = sorted({r.get("date", "?") for _, r in recs})
+    commits = sorted({str(r.get("commit")) for _, r in recs})
     lines = [
+        f"> **Machine:** {', '.join(cpus)}, 2 cores · **Command:** each row's record (`command`); table: "
+        f"`python scripts/ablation.py --docs docs/results.md` · **Commit:** {', '.join(commits)} · "
+        f"**Date:** {dates[0] if dates[0] == dates[-1] else f'{dates[0]} to {dates[-1]}'}",
+        "",
         f"`vit_cifar` + `global`, CIFAR-10, 3 epochs, seed 0, {recs[0][1].get('val_images')} validation images, "
-        f"{recs[0][1].get('precision')}; {', '.join(cpus)}; {dates[0]} to {dates[-1]}. Short recipe "
-        f"(`experiment=cifar10_short`): {100 * ref:.2f} % (mean of {len(base)} seeds). Regenerate: "
-        "`python scripts/ablation.py --docs docs/results.md`.",
+        f"{recs[0][1].get('precision')}. Short recipe (`experiment=cifar10_short`): {100 * ref:.2f} % (mean of "
+        f"{len(base)} seeds, {', '.join(sorted({str(r.get('cpu')) for r in base}))}).",
         "",
         "| run | levers on top of `experiment=cifar10_short` | top-1 % per epoch | top-1 % (95 % CI) | Δ short "
         "| flip TTA % | commit |",

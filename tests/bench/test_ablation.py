@@ -35,7 +35,8 @@ def folders(tmp_path):
 def test_table_lists_levers_curves_and_the_difference_to_the_short_recipe(tmp_path):
     base, tuning = folders(tmp_path)
     rows = ablation.table(tuning, base).splitlines()
-    assert "55.00 % (mean of 2 seeds)" in rows[0]
+    assert rows[0].startswith("> **Machine:** cpu X") and "**Commit:** abc1234" in rows[0]
+    assert "55.00 % (mean of 2 seeds" in rows[2]
     assert rows[-2] == "| t01_a | `model.stem=conv` | 50.0 / 70.0 | 70.00 (69.0–71.0) | +15.00 | 71.00 | abc1234 |"
     assert rows[-1].startswith("| t02_b | `optim.lr=2e-3` | 40.0 | stopped: after 1 of 3 epochs |")
 

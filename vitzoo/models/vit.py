@@ -18,6 +18,8 @@ from vitzoo.attention import MixerContext, attention_class, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
+from vitzoo.layers.mimetic import apply_mimetic_init
+from vitzoo.layers.stem import ConvStem, sincos_pos_embed
 from vitzoo.layers.token_reduction import attach_reducers, check_backend, reduction_config, sequence_grid
 from vitzoo.models.factory import check_ranges, register_model
 
@@ -35,6 +37,9 @@ class ViTConfig:
     qkv_bias: bool = True  # bias in the q/k/v projection
     class_token: bool = True  # prepend a class token (a prefix token every backend handles)
     global_pool: str = "token"  # "token" (class token) or "avg" (mean of grid tokens)
+    stem: str = "patch"  # "patch": one p×p convolution (ViT); "conv": 3×3 stride-2 convs + BatchNorm (Xiao et al.)
+    pos_embed: str = "learned"  # "learned" position embeddings, or "sincos": fixed 2-D sin-cos (Beyer et al.)
+    attn_init: str = "default"  # "default": truncated normal; "mimetic": q/k/v like trained layers (Trockman & Kolter)
     window_size: int = 7  # natural window side for windowed backends that leave theirs null
     drop_rate: float = 0.0  # dropout in MLP and before the head
     attn_drop_rate: float = 0.0  # dropout on attention weights
@@ -53,6 +58,15 @@ class ViTConfig:
             f"model.global_pool must be 'token' or 'avg' (got {self.global_pool!r})",
         )
         check(self.class_token or self.global_pool == "avg", "model.global_pool='token' needs model.class_token=true")
+        check(self.stem in ("patch", "conv"), f"model.stem must be 'patch' or 'conv' (got {self.stem!r})")
+        check(
+            self.pos_embed in ("learned", "sincos"),
+            f"model.pos_embed must be 'learned' or 'sincos' (got {self.pos_embed!r})",
+        )
+        check(
+            self.attn_init in ("default", "mimetic"),
+            f"model.attn_init must be 'default' or 'mimetic' (got {self.attn_init!r})",
+        )
 
 
 class VisionTransformer(nn.Module):
@@ -73,14 +87,20 @@ class VisionTransformer(nn.Module):
         self.cfg = cfg
         self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
         C = cfg.embed_dim
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, strict_img_size=False)
+        if cfg.stem == "conv":
+            self.patch_embed = ConvStem(cfg.img_size, cfg.patch_size, cfg.in_chans, C)
+        else:
+            self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, strict_img_size=False)
         self.grid = tuple(self.patch_embed.grid_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
         # persistent prefix tokens the backend asks for beyond the class token (longformer's global tokens)
         extra = max(0, attention_class(self.attention_cfg).prefix_tokens(self.attention_cfg) - int(cfg.class_token))
         self.global_tokens = nn.Parameter(torch.zeros(1, extra, C)) if extra else None
         self.num_prefix = int(cfg.class_token) + extra
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.grid[0] * self.grid[1], C))
+        if cfg.pos_embed == "sincos":  # fixed: a buffer, rebuilt for another grid (not in the state dict)
+            self.register_buffer("pos_embed", sincos_pos_embed(self.grid, C, self.num_prefix), persistent=False)
+        else:
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.grid[0] * self.grid[1], C))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
         dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
         self.blocks = nn.ModuleList(
@@ -114,12 +134,15 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(C, eps=cfg.norm_eps)
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes)
-        trunc_normal_(self.pos_embed, std=0.02)
+        if cfg.pos_embed == "learned":
+            trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.global_tokens is not None:
             trunc_normal_(self.global_tokens, std=0.02)
         init_weights(self)
+        if cfg.attn_init == "mimetic":  # every q/k/v backend; the other mixers keep their own init
+            apply_mimetic_init(self)
 
     def token_grid(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         p = self.cfg.patch_size
@@ -133,7 +156,9 @@ class VisionTransformer(nn.Module):
         if prefix:  # class token, then the backend's global tokens
             x = torch.cat([*prefix, x], dim=1)  # [B, P + h·w, C]
         pos = self.pos_embed
-        if grid != self.grid:
+        if grid != self.grid and self.cfg.pos_embed == "sincos":
+            pos = sincos_pos_embed(grid, self.cfg.embed_dim, self.num_prefix).to(x)
+        elif grid != self.grid:
             pos = resample_abs_pos_embed(pos, list(grid), list(self.grid), num_prefix_tokens=self.num_prefix)
         x = self.pos_drop(x + pos)
         size = None if self.reduction is None else x.new_ones(x.shape[0], x.shape[1], 1)  # patches per token
@@ -164,7 +189,10 @@ class VisionTransformer(nn.Module):
         s = img_size or self.cfg.img_size
         grid = self.token_grid((s, s))
         C, n_grid = self.cfg.embed_dim, grid[0] * grid[1]
-        total = n_grid * C * self.cfg.in_chans * self.cfg.patch_size**2  # patch conv: per token C·3·p²
+        if isinstance(self.patch_embed, ConvStem):
+            total = self.patch_embed.flops(grid)
+        else:
+            total = n_grid * C * self.cfg.in_chans * self.cfg.patch_size**2  # patch conv: per token C·3·p²
         for blk, blk_grid in zip(self.blocks, self.block_grids(grid)):
             total += blk.flops(blk_grid)
         n = self.num_prefix + math.prod(self.out_grid(grid))

@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
+from timm.optim import create_optimizer_v2, list_optimizers, param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -32,7 +32,8 @@ from vitzoo.untrusted import check_dtypes, check_finite
 class OptimConfig:
     """The ``optim`` options (``python train.py optim.lr=3e-4``): AdamW, then a per-step cosine schedule."""
 
-    lr: float = 1e-3  # AdamW peak learning rate (after warm-up)
+    opt: str = "adamw"  # optimiser by timm's name (timm.optim.list_optimizers(): adamw, nadamw, lion, ...)
+    lr: float = 1e-3  # peak learning rate (after warm-up)
     weight_decay: float = 0.05  # AdamW decoupled weight decay (none on biases, norms, pos_embed, cls_token)
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
     label_smoothing: float = 0.1  # cross-entropy label smoothing
@@ -198,8 +199,10 @@ class VitModule(pl.LightningModule):
             groups = param_groups_layer_decay(
                 self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY, layer_decay=float(o.layer_decay)
             )
+        if o.opt not in list_optimizers():
+            raise ConfigError(f"optim.opt={o.opt!r} is not one of timm's optimisers (timm.optim.list_optimizers())")
         optimizer = create_optimizer_v2(
-            groups, opt="adamw", lr=float(o.lr), weight_decay=float(o.weight_decay), betas=tuple(o.betas)
+            groups, opt=o.opt, lr=float(o.lr), weight_decay=float(o.weight_decay), betas=tuple(o.betas)
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = warmup_steps(o, total, self.trainer.max_epochs)

@@ -100,7 +100,8 @@ def build_record(results: Mapping[str, Any], run: Mapping[str, Any], command: Op
         "images_seen": (results.get("steps") or 0) * batch, "batch_size": batch,
         "precision": str(trainer.get("precision")), "wall_s": results.get("wall_s"),
         "lr": (run.get("optim") or {}).get("lr"), "policy": data.get("policy"),
-        "commit": git_commit(), "cpu": cpu_model(), "torch": torch.__version__, "python": platform.python_version(),
+        "commit": results.get("commit") or git_commit(), "cpu": cpu_model(), "torch": torch.__version__,
+        "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": command,
     }
 

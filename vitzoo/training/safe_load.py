@@ -43,6 +43,7 @@ ALLOWED_TARGETS: dict[str, set[str]] = {
         "pytorch_lightning.callbacks.TQDMProgressBar",
         "pytorch_lightning.callbacks.EarlyStopping",
         "vitzoo.training.callbacks.EMA",
+        "vitzoo.training.tta.FlipTTA",
     },
     "trainer": {"pytorch_lightning.Trainer"},
     "trainer.strategy": {

@@ -7,15 +7,18 @@ error before fit is a one-line ConfigError, so nothing trains on a bad config.
 from __future__ import annotations
 
 import json
+import shlex
 from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from vitzoo.bench.environment import git_commit
 from vitzoo.bench.memory import PeakMemory
 from vitzoo.data.datamodules import ImageDataModule
 from vitzoo.export import export_model
@@ -23,6 +26,7 @@ from vitzoo.flops import count_flops
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
+from vitzoo.training.history import ValHistory
 from vitzoo.training.module import VitModule
 from vitzoo.training.records import check_record_dir, existing_record, save_record
 from vitzoo.training.resume import (
@@ -192,8 +196,17 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     with run_console(out_dir):  # <run>/train.log holds the console; whole lines without a terminal
         results = fit(cfg)[0]
     if cfg.get("record_dir") and rank_zero_only.rank == 0:  # a record that cannot be written fails the job
-        say(f"record_dir: wrote {save_record(cfg.record_dir, results, run, out_dir / 'results.json')}")
+        say(f"record_dir: wrote {save_record(cfg.record_dir, results, run, out_dir / 'results.json', job_command())}")
     return results
+
+
+def job_command() -> Optional[str]:
+    """The command line that re-runs this job alone: ``python train.py`` and the job's own overrides (in a
+    multirun, the swept values of this job), each quoted for a POSIX shell; None outside a Hydra run."""
+    if not HydraConfig.initialized():
+        return None
+    overrides = HydraConfig.get().overrides.task
+    return " ".join(["python train.py", *(shlex.quote(o) for o in overrides)])
 
 
 def _fit(
@@ -216,14 +229,17 @@ def _fit(
     report = count_flops(module.net)
     if rank_zero_only.rank == 0:
         console.print(flops_table(report, f"{cfg.model.name} + attention={cfg.attention.name}"))
-    results.update(params=report.params, gmacs=report.measured / 1e9, gmacs_analytic=report.analytic / 1e9)
+    results.update(params=report.params, gmacs=report.measured / 1e9, gmacs_analytic=report.analytic / 1e9,
+                   commit=git_commit())  # the code this run trained with (a record names it, not the tree at its end)
 
     loggers = keep_csv(instantiate_all(cfg.get("logger"), "logger"), out_dir)  # metrics.csv beside any other logger
     for logger in loggers:
         if isinstance(logger, ResumableCSVLogger):
             logger.resume_step = resume_step  # rows the killed run logged after the checkpoint are dropped
     speed, peak = ImagesPerSecond(clock.clock), TrainingPeakMemory()  # both carried across resumes, like clock
-    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, peak, StopOnNonFinite(), RngState(), clock]
+    history = ValHistory()  # the validation curve, over resumes
+    callbacks = instantiate_all(cfg.get("callbacks"), "callbacks") + [speed, peak, StopOnNonFinite(), RngState(), clock,
+                                                                       history]
     callbacks.append(RunOverrides(hydra_overrides()))  # saved in every checkpoint: a resume restores them
     trainer: pl.Trainer = safe_instantiate(
         cfg.trainer,
@@ -258,6 +274,7 @@ def _fit(
         status="finished",
         best_val_acc=float(metrics["val/acc"]),
         best_val_acc5=float(metrics["val/acc5"]),
+        best_val_acc_tta=float(metrics["val/acc_tta"]) if "val/acc_tta" in metrics else None,
         val_loss=float(metrics["val/loss"]),
         train_images_per_s=speed.images_per_s,
         infer_images_per_s=infer,
@@ -270,6 +287,8 @@ def _fit(
         val_images=validated_images(trainer, dm),
         export_dir=str(export_dir) if export_dir else None,
         wall_s=clock.seconds(),
+        val_acc_per_epoch=history.acc,
+        val_acc_tta_per_epoch=history.acc_tta or None,
         segments=clock.segments,
         output_dir=str(out_dir),
     )
