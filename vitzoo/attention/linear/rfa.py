@@ -12,7 +12,7 @@ Two feature maps of the same kernel (``attention.feature_map``):
   exp(‖u_q + u_k‖²/2 - ‖u_q‖² - ‖u_k‖²) = exp(-‖u_q - u_k‖²/2)``: the positive random features of Choromanski
   et al. (Performer, ICLR 2021) applied to RFA's kernel. Every feature is an exponential, so the normaliser is a
   sum of positive terms: no floor, no clamp, every row's gradient passes. One ``ω [D, d]`` serves every head
-  (Performer's layout, which the compiled CPU kernel takes); the fast path is Performer's ``"exp"`` core on
+  (Performer's layout); the fast path is the PyTorch form of Performer's ``"exp"`` core (not the compiled kernel) on
   ``√2·d^¼·u`` with ``ω/√2`` (the core's ``exp(ω'x̃ - ‖x̃‖²/2)`` of ``x̃ = x/d^¼`` is then ``exp(ωu - ‖u‖²)``), whose
   per-row and per-head stabilisers cancel in the ratio.
 * ``trig``: the paper's ``φ(u) = [sin(ωu), cos(ωu)] / √D``, 2D features, one ``ω [D, d]`` per head. Its estimate
@@ -142,6 +142,6 @@ class RFAAttention(RandomFeatureAttention):
         # √2·d^¼·u of q and k: the "exp" core's exp(ω'x̃ - ‖x̃‖²/2), x̃ = x/d^¼, ω' = ω/√2, is exp(ωu - ‖u‖²)
         u = F.normalize(qkv[:, :, :2], dim=-1) * (s * (math.sqrt(2) * d**0.25))  # [B, N, 2, h, d]
         prepared = torch.cat([u, qkv[:, :, 2:]], dim=2).reshape(B, N, 3 * self.dim)  # [B, N, 3C]
-        omega = self.features() * 2**-0.5  # [D, d]
+        omega = (self.features() * 2**-0.5).expand(h, -1, -1)  # [h, D, d]: the PyTorch core (no compiled kernel)
         out = feature_attention_qkv("exp", prepared, h, omega)  # no floor: the normaliser is positive
         return self.proj_drop(self.proj(out))
