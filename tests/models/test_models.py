@@ -72,8 +72,10 @@ def test_variant_registry_is_strict():
         models.register_variant("small", object, _Config, {})
     with pytest.raises(ConfigError, match=r"unknown option model\[wide\]\.depth"):
         models.register_variant("wide", object, _Config, {"depth": 2})
-    with pytest.raises(ConfigError, match=r"^unknown option model\.depth for _Config; valid options: width$"):
-        models.config({"name": "small", "depth": 2})
+    with pytest.raises(ConfigError, match=r"^unknown option model\.colour for _Config; valid options: width$"):
+        models.config({"name": "small", "colour": 2})
+    with pytest.raises(ConfigError, match=r"^unknown option model\.widht for _Config; did you mean model\.width\? "):
+        models.config({"name": "small", "widht": 2})
     with pytest.raises(ConfigError, match=r"^unknown model 'big'; choose model= one of: small$"):
         models.config("big")
 

@@ -453,6 +453,6 @@ def test_class_names_cannot_forge_output_lines(tmp_path, capsys):
     (folder / "config.json").write_text(json.dumps(config))
     image = image_tree(tmp_path / "imgs", classes=("a",), per_class=1) / "train" / "a" / "0.jpg"
     predict = load_file("scripts", "predict")
-    assert predict.main([str(folder), str(image), "topk=1"]) == 0
+    assert predict.main([str(folder), str(image), "--topk", "1"]) == 0
     out = capsys.readouterr().out
     assert len(out.strip().splitlines()) == 1 and "cat\\nfake.jpg" in out
