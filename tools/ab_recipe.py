@@ -63,7 +63,7 @@ def main() -> None:
           f"batch {args.batch}{', bf16' if args.amp else ', fp32'}")
     for name in opts:
         print(f"{name} {opts[name]}: {gmacs[name]:.4f} GMACs/image, {args.batch / t[name].median:.1f} train img/s")
-    pairs = ", ".join(f"{b / a:.3f}" for a, b in zip(t["A"].seconds, t["B"].seconds))
+    pairs = ", ".join(f"{a / b:.3f}" for a, b in zip(t["A"].seconds, t["B"].seconds))  # B speed / A speed
     print(f"B / A speed: {t['A'].median / t['B'].median:.3f} (per block: {pairs})")
 
 
