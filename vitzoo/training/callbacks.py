@@ -4,6 +4,7 @@ a sweep summary at the end of a multirun (Hydra)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,6 +14,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig
 from pytorch_lightning.callbacks import EMAWeightAveraging
 
+from vitzoo.fileio import read_regular_text
 from vitzoo.training.segments import Clock, FitState, wall_clock
 
 
@@ -110,6 +112,24 @@ class EMA(EMAWeightAveraging):
             super().on_load_checkpoint(trainer, pl_module, checkpoint)
 
 
+def _job_results(path: Path) -> dict[str, Any]:
+    """A job's ``results.json`` for the sweep summary: read only if it is a regular file (a FIFO planted there is
+    refused, never opened for a blocking read), its numbers kept only where they are finite numbers; anything
+    else is a row whose status names the problem."""
+    try:
+        data = json.loads(read_regular_text(path, 1 << 20))
+    except (OSError, ValueError) as e:
+        return {"status": f"unreadable results.json ({getattr(e, 'strerror', None) or type(e).__name__})"}
+    if not isinstance(data, dict):
+        return {"status": "invalid results.json"}
+    for key in ("best_val_acc", "train_images_per_s", "gmacs"):
+        value = data.get(key)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+            data[key] = None
+    numbers = ("best_val_acc", "train_images_per_s", "gmacs")
+    return {k: v if k in numbers or v is None or isinstance(v, str) else str(v) for k, v in data.items()}
+
+
 class SweepSummary(HydraCallback):
     """Hydra callback: after a multirun, print one line per job from its ``results.json`` and exit
     non-zero when any job failed (the failed jobs do not stop the sweep; see ``run_entry``)."""
@@ -119,10 +139,8 @@ class SweepSummary(HydraCallback):
         from rich.table import Table
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = [
-            json.loads(p.read_text()) | {"dir": p.parent.name}
-            for p in sorted(sweep_dir.glob("*/results.json"), key=_job_order)
-        ]
+        jobs = sorted(sweep_dir.glob("*/results.json"), key=_job_order)
+        rows = [_job_results(p) | {"dir": p.parent.name} for p in jobs]
         if not rows:
             return
         table = Table(title=f"sweep {sweep_dir}")
