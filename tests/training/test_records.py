@@ -6,6 +6,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -274,7 +275,8 @@ def test_a_run_into_an_unwritable_record_dir_fails_before_training(tmp_path):
 
 
 def _sweep_script(tmp_path, records, data):
-    env = {**os.environ, "VITZOO_CIFAR10": str(data), "SWEEP_DIR": str(tmp_path / "sweep"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "VITZOO_CIFAR10": str(data), "SWEEP_DIR": str(tmp_path / "sweep"), "OMP_NUM_THREADS": "1",
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}  # its `python`: ours
     return subprocess.run(["bash", str(ROOT / "scripts" / "sweep_cifar10.sh"), str(records)], env=env,
                           capture_output=True, text=True, timeout=600)
 
