@@ -230,6 +230,15 @@ def test_committed_records_are_readable():
     assert skipped == [] and rows and all(0.0 <= r["top1"] <= 100.0 for r in rows)
 
 
+def test_every_committed_record_holds_the_command_that_reruns_it():
+    paths = sorted((ROOT / "results").rglob("seed*.json"))
+    if not paths:
+        pytest.skip("no committed records yet (results/)")
+    missing = [str(p.relative_to(ROOT)) for p in paths if not str(json.loads(p.read_text()).get("command") or "")
+               .startswith("python train.py ")]
+    assert not missing, f"records without their command: {missing}"
+
+
 # ---- sweeps check before they train ---------------------------------------------------------------------------------
 def test_an_unwritable_record_dir_is_one_line(tmp_path):
     blocker = tmp_path / "a_file"
