@@ -26,6 +26,17 @@ class NotRegularFile(OSError):
     or is larger than the limit; ``strerror`` says which."""
 
 
+def open_new(path: PathLike) -> int:
+    """A file descriptor for writing a file that does not exist yet: created exclusively, never through a
+    symbolic link, mode 0644 less the user's umask.
+
+    Args:
+        path: the file to create (its folder must exist).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.open(path, flags, 0o644)
+
+
 def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and never through a symbolic link.
 
@@ -39,8 +50,7 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, 0o644)
+    fd = open_new(tmp)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -17,7 +17,7 @@ from typing import Any, Union
 
 import torch
 
-from vitzoo.fileio import atomic_write_text
+from vitzoo.fileio import atomic_write_text, open_new
 from vitzoo.registry import ConfigError
 
 PLAIN = (str, int, float, bool, type(None))
@@ -174,11 +174,6 @@ def check_finite(model: torch.nn.Module, source: Any) -> None:
             raise ConfigError(f"{source}: weight {name} holds NaN or infinite values; use weights from a good run")
 
 
-def _open_new(path: Path) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    return os.open(path, flags, 0o644)
-
-
 def write_new(path: Union[str, Path], text: str) -> Path:
     """Write ``text`` to a file that does not exist yet: never through a symlink, never over another file.
 
@@ -186,7 +181,7 @@ def write_new(path: Union[str, Path], text: str) -> Path:
         path: the file to create (its folder must exist).
         text: its content.
     """
-    with os.fdopen(_open_new(Path(path)), "w") as f:
+    with os.fdopen(open_new(Path(path)), "w") as f:
         f.write(text)
     return Path(path)
 
