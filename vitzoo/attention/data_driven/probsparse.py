@@ -243,7 +243,9 @@ class ProbSparseAttention(QKVAttention):
                 picked = scores.gather(1, cols.to(q.device))  # [N, U]
                 measure = picked.max(dim=1).values - picked.sum(dim=1) / N
                 active = torch.argsort(measure, descending=True)[:U]
-                out[b, j] = v[b, j].mean(dim=0)  # every query; the active ones are overwritten below
+                # every query gets mean(V), the active ones are overwritten below; a non-finite measurement (a NaN query)
+                # stays non-finite, as on the fast path
+                out[b, j] = v[b, j].mean(dim=0) + measure[:, None] * 0
                 w = (scores[active] * self.scale).softmax(dim=-1)
                 out[b, j, active] = w @ v[b, j]
         return out
