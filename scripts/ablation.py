@@ -5,7 +5,7 @@ Each tuning run is one ``train.py`` job with ``record_dir=results/cifar10_tuning
 exact command. The table lists, per run, the levers it changes against the short recipe (the overrides of its
 command beyond the common ones), top-1 with its 95 % interval over the validation images, flip-TTA top-1 where
 it was measured, the top-1 after each epoch, and the difference to the short recipe's own runs
-(``results/cifar10/3ep``, the mean of its seeds). A run stopped early leaves ``<tag>/stopped.json`` (its command,
+(``results/cifar10_short/3ep``, the mean of its seeds). A run stopped early leaves ``<tag>/stopped.json`` (its command,
 the epochs it finished and why it was stopped) and is listed with its curve. Runs are listed in tag order (the
 order they were tried).
 
@@ -94,7 +94,7 @@ def table(tuning: Path, baseline: Path) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tuning", default="results/cifar10_tuning", help="folder of tuning records (<tag>/...)")
-    p.add_argument("--baseline", default="results/cifar10/3ep/vit_cifar/global", help="the short recipe's records")
+    p.add_argument("--baseline", default="results/cifar10_short/3ep/vit_cifar/global", help="the short recipe's records")
     p.add_argument("--docs", default=None, help="Markdown file whose generated ablation block is replaced")
     p.add_argument("--check", action="store_true", help="with --docs: fail if the block differs, write nothing")
     a = p.parse_args(argv)

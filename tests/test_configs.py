@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitzoo.training  # noqa: F401  (registers the optim/benchmark structured configs with Hydra's ConfigStore)
-from vitzoo.models import MODELS, list_models, model_config, natural_attention
+from vitzoo.models import MODELS, create_model, list_models, model_config, natural_attention
 from vitzoo.registry import ConfigError
 from vitzoo.training import BenchmarkConfig, OptimConfig, VitModule
 from vitzoo.training.utils import benchmark_config
@@ -116,8 +116,21 @@ def test_attention_composition(overrides, attention, tmp_path):
     assert data["run_name"] == f"{data['model']['name']}_{attention}"
 
 
-def test_every_model_config_is_a_variant():
-    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(list_models())
+PRESETS = {"vit_cifar_fast": "vit_cifar"}  # model configs that set options of a variant (a recipe's model levers)
+
+
+def test_every_model_config_is_a_variant_or_a_preset_of_one():
+    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == set(list_models()) | set(PRESETS)
+
+
+@pytest.mark.parametrize("preset,variant", sorted(PRESETS.items()))
+def test_a_model_preset_builds_its_variant_with_its_options(preset, variant):
+    cfg = compose_cfg([f"model={preset}"])
+    assert cfg.model.name == variant and compose_cfg([f"model={variant}"]).model.name == variant
+    options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=False).items()
+               if k not in ("name", "num_classes", "pretrained", "token_reduction")}
+    model = create_model(variant, num_classes=10, **options)
+    assert all(getattr(model.cfg, k) == v for k, v in options.items())  # every preset field is a model option
 
 
 def test_optim_and_benchmark_defaults_are_the_dataclasses():

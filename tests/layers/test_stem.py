@@ -14,19 +14,22 @@ from vitzoo.layers.stem import ConvStem, sincos_pos_embed
 from vitzoo.registry import ConfigError
 
 
+@pytest.mark.parametrize("full_res", [0, 2])
 @pytest.mark.parametrize("patch,dim", [(2, 32), (4, 48), (8, 64), (16, 64)])
-def test_conv_stem_keeps_the_patch_grid(patch, dim):
-    stem = ConvStem(img_size=32, patch_size=patch, in_chans=3, embed_dim=dim)
+def test_conv_stem_keeps_the_patch_grid(patch, dim, full_res):
+    stem = ConvStem(img_size=32, patch_size=patch, in_chans=3, embed_dim=dim, full_res=full_res)
     out = stem(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, (32 // patch) ** 2, dim)
     assert stem.grid_size == (32 // patch, 32 // patch)
-    assert stem.widths[-1] == dim and len(stem.widths) == 1 + int(math.log2(patch))
+    assert stem.widths[-1] == dim and len(stem.widths) == 1 + int(math.log2(patch)) + full_res
+    assert stem.widths[1:1 + full_res] == [stem.widths[1 + full_res] // 2] * full_res  # half the first stride-2 width
 
 
-def test_conv_stem_matches_a_plain_reference():
+@pytest.mark.parametrize("full_res", [0, 1])
+def test_conv_stem_matches_a_plain_reference(full_res):
     """Convolutions written with unfold (no nn.Conv2d), BatchNorm in eval mode from its running statistics."""
     torch.manual_seed(0)
-    stem = ConvStem(img_size=16, patch_size=4, in_chans=3, embed_dim=8).double().eval()
+    stem = ConvStem(img_size=16, patch_size=4, in_chans=3, embed_dim=8, full_res=full_res).double().eval()
     for m in stem.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-0.5, 0.5)
@@ -47,8 +50,8 @@ def test_conv_stem_matches_a_plain_reference():
     y = x
     convs = [m for m in stem.convs if isinstance(m, nn.Conv2d)]
     norms = [m for m in stem.convs if isinstance(m, nn.BatchNorm2d)]
-    for c, n in zip(convs, norms):
-        y = conv(y, c.weight, None, 2, 1)
+    for i, (c, n) in enumerate(zip(convs, norms)):
+        y = conv(y, c.weight, None, 1 if i < full_res else 2, 1)  # the full-resolution convs first
         y = (y - n.running_mean[:, None, None]) / torch.sqrt(n.running_var[:, None, None] + n.eps)
         y = (y * n.weight[:, None, None] + n.bias[:, None, None]).clamp_min(0)
     y = conv(y, stem.proj.weight, stem.proj.bias, 1, 0)  # [B, C, 4, 4]
@@ -56,7 +59,8 @@ def test_conv_stem_matches_a_plain_reference():
     torch.testing.assert_close(stem(x), expected)
 
 
-@pytest.mark.parametrize("options", [dict(stem="conv"), dict(pos_embed="sincos"),
+@pytest.mark.parametrize("options", [dict(stem="conv"), dict(stem="conv", stem_full_res_convs=1),
+                                     dict(pos_embed="sincos"),
                                      dict(stem="conv", pos_embed="sincos", global_pool="avg")])
 @pytest.mark.parametrize("img_size", [32, 48])
 def test_vit_with_stem_options_counts_flops_exactly(options, img_size):
@@ -83,6 +87,9 @@ def test_sincos_embedding_is_fixed_and_follows_the_grid():
     (dict(pos_embed="rope"), "model.pos_embed"),
     (dict(stem="conv", patch_size=3, img_size=33), "model.stem=conv"),
     (dict(pos_embed="sincos", embed_dim=18, num_heads=3), "model.pos_embed=sincos"),
+    (dict(stem_full_res_convs=1), "model.stem_full_res_convs"),
+    (dict(stem="conv", stem_full_res_convs=-1), "model.stem_full_res_convs"),
+    (dict(stem="conv", stem_full_res_convs=1, embed_dim=18, num_heads=3), "model.stem=conv"),
 ])
 def test_bad_stem_options_name_the_option(options, option):
     with pytest.raises(ConfigError, match=option.replace(".", r"\.")) as err:

@@ -221,10 +221,11 @@ def test_ranking_of_an_empty_folder_is_one_line(tmp_path):
         rank_records(tmp_path)
 
 
-def test_committed_records_are_readable():
-    folder = ROOT / "results" / "cifar10"
+@pytest.mark.parametrize("recipe", ["cifar10", "cifar10_short"])
+def test_committed_records_are_readable(recipe):
+    folder = ROOT / "results" / recipe
     if not any(folder.rglob("seed*.json")):
-        pytest.skip("no committed CIFAR-10 records yet (results/cifar10)")
+        pytest.skip(f"no committed records yet (results/{recipe})")
     skipped: list[str] = []
     rows = aggregate(read_records(folder, skipped))
     assert skipped == [] and rows and all(0.0 <= r["top1"] <= 100.0 for r in rows)

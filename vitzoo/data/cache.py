@@ -7,6 +7,7 @@ loads in a second instead of decoding every JPEG every epoch. CIFAR-10 at 32 px 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
+from vitzoo.fileio import atomic_write_bytes
 from vitzoo.registry import ConfigError
 
 CACHE_VERSION = 1  # part of the key: bump when the stored layout changes
@@ -95,9 +97,11 @@ def cached_images(
     images, labels = decode_all(dataset, img_size, f"decoding {len(dataset)} images into {path.name}", num_workers)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"images": images, "labels": labels}, tmp)
-        os.replace(tmp, path)  # a killed build leaves no half-written cache
+        buffer = io.BytesIO()
+        torch.save({"images": images, "labels": labels}, buffer)
+        # a temporary file of this process, renamed: a killed build leaves no half-written cache, and two runs
+        # building the same cache at once each write their own
+        atomic_write_bytes(path, buffer.getvalue())
     except OSError as e:
         raise ConfigError(
             f"data.cache_dir: cannot write {path} ({e.strerror or type(e).__name__}); "

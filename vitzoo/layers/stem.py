@@ -25,31 +25,39 @@ class ConvStem(nn.Module):
 
     The widths double towards ``C``: the last 3×3 convolution has ``C`` channels, the one before it ``C/2``, ...
     (Xiao et al. use the same doubling, ending below ``C``; ending at ``C`` gives the small CIFAR models a
-    stem of comparable width). Output: tokens ``[B, H/p·W/p, C]`` like timm's ``PatchEmbed``.
+    stem of comparable width). ``full_res`` extra 3×3 stride-1 convolutions (BatchNorm, ReLU) at the input
+    resolution come first, with half the first stride-2 width (the stride-1 stage of a ResNet or CCT stem).
+    Output: tokens ``[B, H/p·W/p, C]`` like timm's ``PatchEmbed``.
 
     Args:
         img_size: input side in pixels.
         patch_size: total stride ``p``; a power of two, at least 2.
         in_chans: input channels.
-        embed_dim: token channels ``C``; divisible by ``2^(log₂ p − 1)``.
+        embed_dim: token channels ``C``; divisible by ``2^(log₂ p)`` when ``full_res`` > 0, else by
+            ``2^(log₂ p − 1)``.
+        full_res: stride-1 convolutions before the stride-2 ones.
     """
 
     formula = "Σᵢ hᵢwᵢ·cᵢ·(9cᵢ₋₁ + 2) + HW·C²"  # 3×3 convs (BatchNorm folded: 2 per output) + the 1×1 projection
 
-    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int):
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int, full_res: int = 0):
         super().__init__()
         stages = int(round(math.log2(patch_size))) if patch_size > 1 else 0
         if patch_size < 2 or 2**stages != patch_size:
             raise ConfigError(f"model.stem=conv needs model.patch_size to be a power of two >= 2 (got {patch_size})")
-        if embed_dim % 2 ** (stages - 1):
+        halvings = stages - 1 + (full_res > 0)
+        if embed_dim % 2**halvings:
             raise ConfigError(
-                f"model.stem=conv halves model.embed_dim {stages - 1} times: it must be divisible by "
-                f"{2 ** (stages - 1)} (got {embed_dim})"
+                f"model.stem=conv halves model.embed_dim {halvings} times: it must be divisible by "
+                f"{2**halvings} (got {embed_dim})"
             )
-        self.widths = [in_chans] + [embed_dim // 2 ** (stages - 1 - i) for i in range(stages)]
+        self.full_res = full_res
+        self.widths = [in_chans] + [embed_dim // 2**stages] * full_res
+        self.widths += [embed_dim // 2 ** (stages - 1 - i) for i in range(stages)]
+        self.strides = [1] * full_res + [2] * stages
         layers: list[nn.Module] = []
-        for c_in, c_out in zip(self.widths[:-1], self.widths[1:]):
-            layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out),
+        for c_in, c_out, stride in zip(self.widths[:-1], self.widths[1:], self.strides):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out),
                        nn.ReLU(inplace=True)]
         self.convs = nn.Sequential(*layers)
         self.proj = nn.Conv2d(self.widths[-1], embed_dim, 1)
@@ -67,9 +75,9 @@ class ConvStem(nn.Module):
         Args:
             grid: the token grid ``(H/p, W/p)``.
         """
-        total, stages = 0, len(self.widths) - 1
+        total = 0
         for i, (c_in, c_out) in enumerate(zip(self.widths[:-1], self.widths[1:])):
-            scale = 2 ** (stages - 1 - i)  # stage i's map is this many times the token grid per side
+            scale = 2 ** sum(s == 2 for s in self.strides[i + 1:])  # conv i's map is this many times the grid per side
             hw = grid[0] * scale * grid[1] * scale
             total += hw * c_out * c_in * 9 + 2 * hw * c_out  # 3×3 conv + BatchNorm
         return total + grid[0] * grid[1] * self.proj.out_channels * self.widths[-1]  # 1×1 projection

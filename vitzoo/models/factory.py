@@ -27,6 +27,7 @@ INT_RANGES = {
     "depths": (1, 1000),
     "num_heads": (1, 1024),
     "window_size": (1, 4096),
+    "stem_full_res_convs": (0, 8),
 }
 FLOAT_RANGES = {  # field -> (low, high, low allowed): drop rates are probabilities, the rest positive
     "mlp_ratio": (0.0, 64.0, False),
