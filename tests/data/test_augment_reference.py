@@ -75,3 +75,33 @@ def test_eval_mode_only_normalises():
     mean, std = torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1), torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
     expected = (x.float() / 255 - mean) / std
     assert torch.allclose(aug(x), expected)
+
+
+@pytest.mark.parametrize("crop_pad", [0, 2])
+def test_crop_pad_sets_the_largest_shift_on_both_paths(crop_pad):
+    """data.crop_pad: the batched crop and the per-image transform shift by at most crop_pad pixels (0: none)."""
+    from vitzoo.data.transforms import build_transform
+
+    x = asymmetric_images(b=64)
+    s = x.shape[-1]
+    aug = BatchAugment(mean=[0.0] * 3, std=[1.0] * 3, flip=False, crop_pad=crop_pad).train()
+    per_image = build_transform(s, [0.0] * 3, [1.0] * 3, train=True, flip=False, crop_pad=crop_pad, use_timm=False)
+    torch.manual_seed(0)
+    for out in (aug(x), torch.stack([per_image(img.float() / 255.0) for img in x])):
+        shifts = set()
+        for i in range(x.shape[0]):
+            padded = F.pad(x[i].float() / 255.0, (crop_pad,) * 4)
+            found = [(r, c) for r in range(2 * crop_pad + 1) for c in range(2 * crop_pad + 1)
+                     if torch.allclose(out[i], padded[:, r:r + s, c:c + s])]
+            assert found, f"image {i} is no crop of the image padded by {crop_pad}"
+            shifts.add(found[0])
+        assert shifts == {(0, 0)} if crop_pad == 0 else len(shifts) > 1  # no shift at 0; several draws otherwise
+
+
+def test_a_bad_crop_pad_names_the_option():
+    from vitzoo.data.datamodules import DigitsDataModule
+    from vitzoo.registry import ConfigError
+
+    for bad in (-1, 2.5, True, 33):
+        with pytest.raises(ConfigError, match=r"data\.crop_pad"):
+            DigitsDataModule(name="digits", img_size=32, crop_pad=bad)

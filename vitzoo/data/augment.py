@@ -44,17 +44,18 @@ class BatchAugment(nn.Module):
 
     Args:
         mean, std: per-channel normalisation (of images scaled to [0, 1]).
-        augment: pad-crop (``S // 8`` px) in training mode.
+        augment: pad-crop in training mode.
         flip: random horizontal flip in training mode.
         policy: ``trivial`` (TrivialAugmentWide), ``rand`` (RandAugment) or None (off).
+        crop_pad: zero padding of the random crop in pixels (None: ``S // 8``; 0: no crop).
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], augment: bool = True, flip: bool = True,
-                 policy: Optional[str] = None):
+                 policy: Optional[str] = None, crop_pad: Optional[int] = None):
         super().__init__()
         if policy is not None and policy not in POLICIES:
             raise ConfigError(f"data.policy={policy!r} is not a policy; choose one of: {', '.join(POLICIES)} or null")
-        self.augment, self.flip = augment, flip
+        self.augment, self.flip, self.crop_pad = augment, flip, crop_pad
         self.policy = POLICIES[policy]() if policy is not None else None
         self.register_buffer("mean", torch.tensor(list(mean), dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(list(std), dtype=torch.float32).view(1, 3, 1, 1), persistent=False)
@@ -67,7 +68,7 @@ class BatchAugment(nn.Module):
         if self.training and self.augment:
             if self.policy is not None:
                 x = torch.cat([self.policy(group) for group in x.split(POLICY_GROUP)])
-            x = random_crop(x, x.shape[-1] // 8)
+            x = random_crop(x, x.shape[-1] // 8 if self.crop_pad is None else self.crop_pad)
             if self.flip:
                 x = random_flip(x)
         mean, std = self.mean.to(x.device), self.std.to(x.device)

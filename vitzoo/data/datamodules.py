@@ -47,6 +47,7 @@ class ImageDataModule(pl.LightningDataModule):
         val_fraction: share of the training set held out when the data has no validation split.
         augment: training augmentation on (crop/flip or timm's transform).
         flip: random horizontal flip in the augmentation.
+        crop_pad: zero padding of the random crop at small sizes, in pixels (None: ``img_size // 8``; 0: no crop).
         auto_augment: timm auto-augment policy for large images (None: off).
         crop_pct: eval centre-crop fraction for large images (None: timm's default).
         root: data folder (where the subclass uses one).
@@ -63,8 +64,9 @@ class ImageDataModule(pl.LightningDataModule):
     def __init__(self, name: str, img_size: int = 32, batch_size: int = 128, num_workers: int = 0,
                  mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5),
                  num_classes: Optional[int] = None, seed: int = 0, val_fraction: float = 0.1, augment: bool = True,
-                 flip: bool = True, auto_augment: Optional[str] = None, crop_pct: Optional[float] = None,
-                 root: Optional[str] = None, download: bool = False, pin_memory: bool = False, cache: bool = False,
+                 flip: bool = True, crop_pad: Optional[int] = None, auto_augment: Optional[str] = None,
+                 crop_pct: Optional[float] = None, root: Optional[str] = None, download: bool = False,
+                 pin_memory: bool = False, cache: bool = False,
                  cache_dir: Optional[str] = None, device_augment: bool = False, policy: Optional[str] = None):
         super().__init__()
         self.name, self.img_size, self.batch_size, self.num_workers = (
@@ -76,6 +78,10 @@ class ImageDataModule(pl.LightningDataModule):
         self.mean, self.std = tuple(mean), tuple(std)
         self.expected_classes, self.seed, self.val_fraction = num_classes, seed, val_fraction
         self.augment, self.flip, self.auto_augment, self.crop_pct = augment, flip, auto_augment, crop_pct
+        if crop_pad is not None and (isinstance(crop_pad, bool) or not isinstance(crop_pad, int)
+                                     or not 0 <= crop_pad <= self.img_size):
+            raise ConfigError(f"data.crop_pad must be null or an integer in [0, {self.img_size}] (got {crop_pad!r})")
+        self.crop_pad = self.img_size // 8 if crop_pad is None else crop_pad
         self.root = Path(root).expanduser() if root is not None else None
         self.download, self.pin_memory = download, pin_memory
         small = self.img_size <= SMALL_IMAGE
@@ -94,7 +100,8 @@ class ImageDataModule(pl.LightningDataModule):
         if self.device_augment and not self.cache:
             raise ConfigError("data.device_augment=true needs data.cache=true (uint8 images in memory)")
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else Path("~/.cache/vitzoo").expanduser()
-        self.batch_augment = BatchAugment(self.mean, self.std, augment=augment, flip=flip, policy=policy)
+        self.batch_augment = BatchAugment(self.mean, self.std, augment=augment, flip=flip, policy=policy,
+                                          crop_pad=self.crop_pad)
         self.classes: list[str] = []
         self.train_set: Optional[Dataset] = None
         self.val_set: Optional[Dataset] = None
@@ -117,6 +124,7 @@ class ImageDataModule(pl.LightningDataModule):
             self.std,
             train and self.augment,
             flip=self.flip,
+            crop_pad=self.crop_pad,
             auto_augment=self.auto_augment,
             crop_pct=self.crop_pct,
             use_timm=self.use_timm,

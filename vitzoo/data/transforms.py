@@ -16,8 +16,8 @@ SMALL_IMAGE = 64  # at or below this side, crop+flip augmentation; above it, tim
 
 
 def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], train: bool, flip: bool = True,
-                    auto_augment: Optional[str] = None, crop_pct: Optional[float] = None,
-                    use_timm: Optional[bool] = None) -> Callable:
+                    crop_pad: Optional[int] = None, auto_augment: Optional[str] = None,
+                    crop_pct: Optional[float] = None, use_timm: Optional[bool] = None) -> Callable:
     """Image (PIL or ``[3, H, W]`` tensor in [0, 1]) -> normalised ``[3, img_size, img_size]`` float tensor.
 
     Args:
@@ -25,6 +25,7 @@ def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], 
         mean, std: per-channel normalisation.
         train: training augmentation (crop/flip, or timm's random resized crop) instead of eval resizing.
         flip: random horizontal flip while training (off for digits).
+        crop_pad: zero padding of the small-image random crop (None: ``img_size // 8``; 0: no crop).
         auto_augment: timm policy string (e.g. ``rand-m9-mstd0.5-inc1``), used above :data:`SMALL_IMAGE` px.
         crop_pct: eval centre-crop fraction for the timm path (None: timm's default 0.875).
         use_timm: timm's transform (PIL input) or the small-image path (PIL or tensor); None: by ``img_size``.
@@ -44,7 +45,9 @@ def build_transform(img_size: int, mean: Sequence[float], std: Sequence[float], 
         )
     steps: list[Any] = [v2.ToImage(), v2.Resize((img_size, img_size), antialias=True)]
     if train:
-        steps.append(v2.RandomCrop(img_size, padding=img_size // 8))
+        pad = img_size // 8 if crop_pad is None else crop_pad
+        if pad > 0:
+            steps.append(v2.RandomCrop(img_size, padding=pad))
         if flip:
             steps.append(v2.RandomHorizontalFlip())
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
