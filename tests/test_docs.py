@@ -1,58 +1,93 @@
 """Each backend's class attribute ``formula`` is the one source of its cost text.
 
-docs/backends.md's "Attention backends" table and the first line of ``configs/attention/<name>.yaml``
-repeat it; these tests keep both copies equal to the class attribute, and the table's rows equal
-to the registry.
+docs/backends.md's "Attention backends" table and the ``Cost <formula>.`` sentence of each
+``conf/attention/<name>.yaml`` are generated from the registry (``python scripts/gen_docs.py``); these tests
+keep the committed files equal to the generated text and show that ``--check`` catches a hand edit.
+docs/flops.md's table (``scripts/flops.py --formulas``) is compared with the class attribute.
 """
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
-from conftest import ATTENTION_NAMES, CONFIGS, ROOT, attention_classes, make_attention
+from conftest import ATTENTION_NAMES, CONFIGS, ROOT, attention_classes
+from helpers import load_file
+
+from vitzoo.attention import catalog
 
 BACKENDS_DOC = ROOT / "docs" / "backends.md"
-ROW = re.compile(r"^\| `([^`]+)` \| `([^`]*)` \| ([^|]*) \| ([^|]*) \|")
-FLAGS = ("fixed_length",)  # capability flags the table's "notes" column lists
 
 
-def readme_rows() -> dict[str, tuple[str, str, str]]:
-    """``{backend: (formula, growth, notes)}`` from the rows of docs/backends.md's "Attention backends" table."""
-    text = BACKENDS_DOC.read_text(encoding="utf-8")
-    section = text.split("## Attention backends", 1)[1].split("\n## ", 1)[0]
-    rows = [ROW.match(line) for line in section.splitlines()]
-    return {m.group(1): (m.group(2), m.group(3).strip(), m.group(4).strip()) for m in rows if m}
+@pytest.fixture(scope="module")
+def gen_docs():
+    """``scripts/gen_docs.py`` as a module."""
+    return load_file("scripts", "gen_docs")
 
 
-def readme_formulas() -> dict[str, str]:
-    """``{backend: formula}`` from docs/backends.md's table."""
-    return {name: row[0] for name, row in readme_rows().items()}
+@pytest.fixture
+def copies(tmp_path):
+    """A copy of docs/backends.md and of ``conf/attention`` to edit: ``(doc, conf_dir)``."""
+    doc = tmp_path / "backends.md"
+    shutil.copyfile(BACKENDS_DOC, doc)
+    conf_dir = tmp_path / "attention"
+    shutil.copytree(CONFIGS / "attention", conf_dir)
+    return doc, conf_dir
 
 
-def test_readme_table_lists_exactly_the_registered_backends():
-    assert sorted(readme_formulas()) == sorted(ATTENTION_NAMES)
+def test_committed_docs_and_yaml_equal_the_generated_text(gen_docs, capsys):
+    assert gen_docs.main(["--check"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and err == ""
 
 
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
-def test_readme_row_shows_the_class_formula(name):
-    assert readme_formulas().get(name) == attention_classes()[name].formula
+def test_check_names_the_doc_block_with_a_formula_changed_by_hand(gen_docs, copies, capsys):
+    doc, conf_dir = copies
+    text = doc.read_text(encoding="utf-8")
+    row = "| `global` | `4NC² + 2N²C` |"
+    assert text.count(row) == 1
+    doc.write_text(text.replace(row, "| `global` | `4NC² + N²C` |"), encoding="utf-8")
+    assert gen_docs.main(["--check"], doc=doc, conf_dir=conf_dir) == 1
+    err = capsys.readouterr().err
+    assert f"{doc}: block formulas differs from the registry" in err
+    assert "-| `global` | `4NC² + N²C` |" in err and "+| `global` | `4NC² + 2N²C` |" in err
+    assert "1 generated file(s) differ" in err and ".yaml" not in err
 
 
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
-def test_yaml_first_line_contains_the_class_formula(name):
-    first = (CONFIGS / "attention" / f"{name}.yaml").read_text(encoding="utf-8").splitlines()[0]
-    assert first.startswith("# "), f"{name}.yaml must start with a one-line description comment"
-    assert attention_classes()[name].formula in first, f"{name}.yaml: {first!r}"
+def test_check_names_a_yaml_cost_changed_by_hand_and_writing_restores_it(copies):
+    doc, conf_dir = copies
+    path = conf_dir / "linformer.yaml"
+    committed = path.read_text(encoding="utf-8")
+    path.write_text(committed.replace("Cost 4NC² + 4NkC.", "Cost 4NC² + 2NkC.", 1), encoding="utf-8")
+    assert catalog.check(doc, conf_dir) == [f"{path}: line 1 (cost) differs from the registry\n"
+                                            f"    -{committed.splitlines()[0].replace('4NkC', '2NkC')}\n"
+                                            f"    +{committed.splitlines()[0]}"]
+    assert catalog.write(doc, conf_dir) == [path]
+    assert path.read_text(encoding="utf-8") == committed and catalog.check(doc, conf_dir) == []
 
 
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
-def test_readme_row_shows_the_class_flags(name):
-    """The "cost grows" and "notes" columns follow ``linear_cost`` (as the YAML defaults build it) and the
-    class's capability flags."""
-    cls = attention_classes()[name]
-    _, growth, notes = readme_rows()[name]
-    assert growth == ("linear in N" if make_attention(name, (16, 16), 0).linear_cost else "super-linear")
-    assert notes == ", ".join(f for f in FLAGS if getattr(cls, f))
+def test_doc_without_markers_is_refused_in_one_line(copies):
+    doc, conf_dir = copies
+    doc.write_text(doc.read_text(encoding="utf-8").replace(catalog.END, ""), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"backends\.md: needs one '<!-- generated:formulas:begin"):
+        catalog.check(doc, conf_dir)
+
+
+def test_yaml_first_line_without_a_cost_sentence_is_refused():
+    with pytest.raises(ValueError, match="x.yaml: the first line must be"):
+        catalog.yaml_with_cost("# Global attention.\nname: global\n", "4NC² + 2N²C", "x.yaml")
+    assert catalog.yaml_with_cost("# Global (ViT). Cost 1.\nname: global\n", "4NC² + 2N²C", "x.yaml") == \
+        "# Global (ViT). Cost 4NC² + 2N²C.\nname: global\n"
+
+
+def test_generated_row_shows_the_class_formula_flags_family_and_options():
+    table = catalog.backend_table([catalog.backend_entry("linformer"), catalog.backend_entry("multi_pattern")])
+    rows = table.splitlines()[2:]
+    formula = attention_classes()["linformer"].formula
+    assert rows[0] == (f"| `linformer` | `{formula}` | linear in N | fixed_length | `low_rank/` "
+                       "| `k`, `sharing`, `interpolate` |")
+    # multi_pattern's class says linear_cost, but its default patterns have global heads: the instance decides
+    assert rows[1].split(" | ")[2] == "super-linear"
 
 
 def flops_doc_formulas() -> dict[str, str]:

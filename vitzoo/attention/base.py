@@ -108,7 +108,7 @@ class TokenMixer(nn.Module):
         ctx: the host's :class:`MixerContext`.
     """
 
-    formula: ClassVar[str] = ""  # the one source of the cost text (README and YAML headers are tested against it)
+    formula: ClassVar[str] = ""  # the one source of the cost text (scripts/gen_docs.py writes its copies)
     fixed_length: ClassVar[bool] = False
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
     impls: ClassVar[tuple[str, ...]] = ()  # values of the config's ``impl`` option (empty: no such option)
