@@ -106,9 +106,11 @@ def test_a_token_reducing_run_keeps_its_own_record(tmp_path):
     assert (tmp_path / "tome" / "results.json").exists()  # trained, not skipped by the plain run's record
 
 
-def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar", top5=0.95, commit="abc1234"):
+def _record(folder, attention, seed, top1, epochs=3, model="vit_cifar", top5=0.95, commit="abc1234",
+            experiment="zoo_test"):
     rec = {"version": 1, "model": model, "attention": attention, "seed": seed, "img_size": 32, "epochs": epochs,
-           "top1": top1, "top1_ci95": list(wilson_interval(top1, 5000)), "top5": top5, "val_images": 5000,
+           "experiment": experiment, "top1": top1, "top1_ci95": list(wilson_interval(top1, 5000)), "top5": top5,
+           "val_images": 5000,
            "precision": "bf16-mixed", "commit": commit, "cpu": "Test CPU", "wall_s": 600.0}
     write_record(record_path(folder / f"{epochs}ep", model, attention, seed), rec)
 
@@ -150,8 +152,18 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     assert {p.name for p in res["charts"]} == {"accuracy_vs_throughput_3ep.png", "accuracy_vs_throughput_10ep.png"}
     text = docs.read_text()
     assert "old" not in text and text.endswith("after\n") and "| global | dense | vit_cifar | 3 | 61.00 |" in text
-    assert "(4 runs in 3 rows, 0.7 hours of training wall time" in text  # both seeds of global count, 600 s each
+    # the recipe named; both seeds of global count, 600 s each
+    assert "**3 epochs of experiment=zoo_test** (4 runs in 3 rows, 0.7 hours of training wall time" in text
     assert top_backends(tmp_path / "3ep", 1, exclude=["global"]) == ["window"]
+
+
+def test_a_folder_mixing_two_recipes_is_refused_with_one_line(tmp_path):
+    """No table mixes two recipes: the records of one folder share one experiment."""
+    _record(tmp_path, "global", 0, 0.60, epochs=10, experiment="zoo_cifar10")
+    _record(tmp_path, "window", 0, 0.65, epochs=10, experiment="zoo_cifar10_short")
+    with pytest.raises(ConfigError, match="2 experiments .zoo_cifar10, zoo_cifar10_short.") as err:
+        rank_records(tmp_path)
+    assert "\n" not in str(err.value) and not (tmp_path / "ranking.md").exists()
 
 
 def test_ranking_joins_every_benchmark_run_under_the_folder(tmp_path):

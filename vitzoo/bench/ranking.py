@@ -114,7 +114,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         low, high = _interval(mean / 100, first) if len(recs) > 1 else (first.get("top1_ci95") or (None, None))
         rows.append({
             "model": model, "attention": attention, "family": family_of(attention), "epochs": epochs,
-            "img_size": first.get("img_size"),
+            "img_size": first.get("img_size"), "experiment": first.get("experiment"),
             "top1": mean,
             "top1_ci95": f"{100 * low:.1f}–{100 * high:.1f}" if low is not None else None,
             "ci_low": 100 * low if low is not None else None, "ci_high": 100 * high if high is not None else None,
@@ -328,6 +328,11 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
     if not rows:
         raise ConfigError(f"{folder}: no result records (seed*.json) found" +
                           (f" ({len(skipped)} skipped as bad)" if skipped else ""))
+    recipes = sorted({str(r["experiment"]) for r in rows})
+    if len(recipes) > 1:  # one folder, one recipe: no table mixes two
+        raise ConfigError(f"{folder} holds records of {len(recipes)} experiments ({', '.join(recipes)}); "
+                          f"rank each recipe's records from their own folder")
+    recipe = f" of experiment={rows[0]['experiment']}" if rows[0]["experiment"] else ""  # the table's recipe
     bench_files = benchmark_files(Path(benchmark) if benchmark else folder / "benchmark")
     bench: dict[tuple[str, str, int], dict[str, Any]] = {}
     for path in bench_files:
@@ -344,13 +349,15 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
         chart = ""
         if len(charts) < MAX_CHARTS:
             png = plot_ranking(sub, out / chart_name(epochs),
-                               f"CIFAR-10, {_budget_name(epochs)}, {sub[0].get('val_images')} validation images; "
+                               f"CIFAR-10, {_budget_name(epochs)}{recipe}, "
+                               f"{sub[0].get('val_images')} validation images; "
                                f"{', '.join(cpus)}")
             charts.append(png)
             chart = f"\n\n![accuracy vs throughput, {_budget_name(epochs)}]({png.name})"
         hours = sum(r["wall_s"] for r in sub) / 3600
         runs = sum(len(r["seed_top1"]) for r in sub)  # one top-1 per record
-        parts.append(f"**{_budget_name(epochs)}** ({runs} run{'s' if runs != 1 else ''} in {len(sub)} "
+        parts.append(f"**{_budget_name(epochs)}{recipe}** "
+                     f"({runs} run{'s' if runs != 1 else ''} in {len(sub)} "
                      f"row{'s' if len(sub) != 1 else ''}, "
                      f"{hours:.1f} hours of training wall time, pauses included)\n\n{_fmt(sub)}{chart}")
     sources = ", ".join(f"`{p}`" for p in bench_files) or "the quiet benchmark (not measured yet)"
