@@ -58,8 +58,19 @@ def test_help_lists_groups_and_hides_known_notices():
     lines = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in text.splitlines() if ":" in ln}
     for group, names in groups.items():  # every option that existed before the command, and only existing ones
         listed = [n.strip() for n in lines[group].split(",")]
-        assert set(names) <= set(listed) <= set(options(group) if group != "model" else names), group
+        assert set(names) <= set(listed) <= set(options(group)) | set(names), group
     assert "python -m vitzoo.attention" in text
+
+
+def test_eval_help_is_its_own_page():
+    entry = Path(sys.executable).with_name("vitzoo-eval")
+    command = [str(entry)] if entry.exists() else [sys.executable, "-m", "vitzoo.eval"]
+    proc = subprocess.run([*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PATH": str(Path(sys.executable).parent), "OMP_NUM_THREADS": "1"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and text.startswith("vitzoo-eval: evaluate a checkpoint"), text
+    assert "eval is powered by Hydra" not in text and "vitzoo-eval ckpt_path=" in text
+    assert not [n for n in NOTICES if n in text], text
 
 
 def test_known_notices_are_filtered_and_can_be_shown(monkeypatch):
