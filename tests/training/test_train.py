@@ -341,3 +341,19 @@ def test_entry_point_single_run_error_is_one_line(tmp_path):
         proc.stderr.strip().splitlines()[-1] == "error: model.img_size (30) must be divisible by model.patch_size (4)"
     )
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("layer_decay", [None, 0.75])
+def test_prefix_tokens_and_embeddings_get_no_weight_decay(layer_decay):
+    """The class token, longformer's persistent global tokens and the position embedding are not decayed;
+    every weight matrix is."""
+    from vitzoo.training.module import OptimConfig, param_groups
+
+    net = vitzoo.create_model("vit_cifar", depth=2, num_classes=10, attention={"name": "longformer", "num_global": 3})
+    assert net.global_tokens is not None
+    groups = param_groups(net, OptimConfig(weight_decay=0.05, layer_decay=layer_decay))
+    decay = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    assert len(decay) == sum(1 for _ in net.parameters())  # every parameter in one group
+    for name, p in net.named_parameters():
+        expected = 0.0 if p.ndim <= 1 or name.split(".")[0] in ("cls_token", "global_tokens", "pos_embed") else 0.05
+        assert decay[id(p)] == expected, name

@@ -48,7 +48,24 @@ class OptimConfig:
     cutmix_alpha: float = 0.0  # timm CutMix: pasted boxes (0: off); with both on, timm picks one per batch
 
 
-NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # besides biases and norms (1-d), as DeiT
+NO_WEIGHT_DECAY = ("pos_embed", "cls_token", "global_tokens")  # besides biases and norms (1-d), as DeiT
+
+
+def param_groups(net: nn.Module, o: OptimConfig) -> list[dict[str, Any]]:
+    """timm's parameter groups: no weight decay on biases, norms and :data:`NO_WEIGHT_DECAY` (the position
+    embeddings and the prefix tokens: class token, longformer's persistent global tokens); with
+    ``optim.layer_decay`` one group per layer, its learning rate scaled by depth.
+
+    Args:
+        net: the model.
+        o: the optimiser options.
+    """
+    if o.layer_decay is None:
+        return param_groups_weight_decay(net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY)
+    # the models' group_matcher() orders the layers; timm scales each group's lr (lr_scale)
+    return param_groups_layer_decay(
+        net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY, layer_decay=float(o.layer_decay)
+    )
 
 
 def warmup_steps(o: OptimConfig, total: int, max_epochs: Optional[int]) -> int:
@@ -114,7 +131,7 @@ class VitModule(pl.LightningModule):
         self.optim = build_config(OptimConfig, optim or {}, "optim")
         options = dict(model)
         if "name" not in options:
-            raise ConfigError("missing model.name; choose model= one of the configs/model/ files")
+            raise ConfigError("missing model.name; choose model= one of the vitzoo/conf/model/ files")
         name = options.pop("name")
         self.net = create_model(name, attention=attention, **options)
         if options.get("pretrained") is not None:  # checkpoints rebuild the resolved architecture, not the source
@@ -193,12 +210,7 @@ class VitModule(pl.LightningModule):
         """AdamW (no weight decay on biases, norms, position embeddings and tokens: timm's grouping) and
         a per-step cosine schedule after a linear warm-up (timm's ``CosineLRScheduler``)."""
         o = self.optim
-        if o.layer_decay is None:
-            groups = param_groups_weight_decay(self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY)
-        else:  # the models' group_matcher() orders the layers; timm scales each group's lr (lr_scale)
-            groups = param_groups_layer_decay(
-                self.net, float(o.weight_decay), no_weight_decay_list=NO_WEIGHT_DECAY, layer_decay=float(o.layer_decay)
-            )
+        groups = param_groups(self.net, o)
         if o.opt not in list_optimizers():
             raise ConfigError(f"optim.opt={o.opt!r} is not one of timm's optimisers (timm.optim.list_optimizers())")
         optimizer = create_optimizer_v2(
