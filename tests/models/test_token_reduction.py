@@ -11,10 +11,10 @@ from vitzoo.attention import ConfigError
 from vitzoo.flops import count_flops, flop_analysis
 from vitzoo.layers.reduction_options import EViTConfig
 from vitzoo.layers.token_reduction import (
-    SEQUENCE_BACKENDS,
     ToMe,
     ToMeConfig,
     _global_attention,
+    sequence_backends,
     set_training_progress,
 )
 from vitzoo.models import create_model
@@ -123,7 +123,7 @@ def test_tokenlearner_pools_a_constant_grid_to_that_token():
     torch.testing.assert_close(captured["x"], x[:, :5])
 
 
-@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if n not in SEQUENCE_BACKENDS])
+@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if n not in sequence_backends()])
 def test_grid_backends_are_a_build_time_error_naming_both_options(name):
     with pytest.raises(ConfigError, match=f"model.token_reduction=tome cannot run with attention={name}"):
         create_model("vit_cifar", attention=name, token_reduction="tome", **TINY)
@@ -142,9 +142,17 @@ def test_grid_backends_are_a_build_time_error_naming_both_options(name):
 ])
 def test_bad_reductions_are_one_line_config_errors(spec, attention, kw, match):
     if attention is None:  # relu_linear's multi-scale heads need the grid
-        spec, attention, match = "tome", spec, "model.token_reduction=tome cannot run with attention=relu_linear"
+        spec, attention, match = "tome", spec, (r"model.token_reduction=tome cannot run with attention=relu_linear as "
+                                                r"configured: Single-scale heads only \(attention.scales=\[\]\)")
     with pytest.raises(ConfigError, match=match):
         create_model("vit_cifar", attention=attention, token_reduction=spec, **{**TINY, **kw})
+
+
+def test_single_scale_relu_linear_runs_after_token_reduction():
+    """A declared capability, per config: relu_linear takes a reduced sequence once its heads are single-scale."""
+    model = create_model("vit_cifar", attention={"name": "relu_linear", "scales": []}, token_reduction="tome", **TINY)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert "relu_linear" in sequence_backends() and "window" not in sequence_backends()
 
 
 def test_swin_rejects_token_reduction_naming_both_options():

@@ -24,6 +24,9 @@ Capability flags are class attributes checked when the model is built:
 * ``impls``: the values the config's ``impl`` option accepts (empty: the backend has one implementation).
 * ``prefix_tokens(cfg)``: how many persistent prefix tokens (class token included) the host must carry
   (``longformer``'s persistent global tokens); 0 by default.
+* ``sequence_capable`` / ``takes_sequence(cfg)``: the output depends on the tokens as a sequence only (no grid,
+  windows, local pattern or fixed length), so the backend runs on a token-reduced sequence; ``takes_sequence``
+  answers for one config (``relu_linear`` with multi-scale heads needs the grid).
 
 A backend's family is the subpackage its module lives in (:func:`vitzoo.attention.attention_family`).
 """
@@ -112,6 +115,7 @@ class TokenMixer(nn.Module):
     fixed_length: ClassVar[bool] = False
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
     impls: ClassVar[tuple[str, ...]] = ()  # values of the config's ``impl`` option (empty: no such option)
+    sequence_capable: ClassVar[bool] = False  # runs on any token sequence (token reduction may precede it)
     flop_handles: ClassVar[dict] = {}  # extra fvcore op handles this backend needs, e.g. {"aten::fft_fft2": fn}
     registry_name: ClassVar[str]
 
@@ -138,6 +142,16 @@ class TokenMixer(nn.Module):
             cfg: the backend's config.
         """
         return 0
+
+    @classmethod
+    def takes_sequence(cls, cfg: Any) -> bool:
+        """Whether this config of the backend runs on a plain token sequence (after token reduction):
+        :attr:`sequence_capable` unless an option needs the grid.
+
+        Args:
+            cfg: the backend's config.
+        """
+        return cls.sequence_capable
 
     def seq_len(self, grid: Optional[Grid] = None) -> int:
         """N = P + H*W at ``grid`` (default: the construction grid)."""

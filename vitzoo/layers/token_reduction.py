@@ -26,7 +26,7 @@ plus one fused token only when it drops two or more, and TokenLearner's S is ref
 token count.
 
 After a reduction the tokens are a sequence, not a grid: the blocks call their mixer with the grid
-``(1, N − P)``, so only backends that see tokens as a sequence take part (:data:`SEQUENCE_BACKENDS`);
+``(1, N − P)``, so only backends that see tokens as a sequence take part (:func:`sequence_backends`);
 any other is a build-time error naming both options. Every block's analytic FLOPs follow its token
 count (:meth:`TokenReducer.block_flops`), equal to fvcore's per block.
 """
@@ -40,16 +40,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitzoo.attention import ATTENTION, attention_config
+from vitzoo.attention import ATTENTION, attention_class, attention_config
 from vitzoo.attention.base import Grid, check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.reduction_options import EViTConfig, TokenLearnerConfig, ToMeConfig, check_no_growth
 from vitzoo.registry import Registry
 
 REDUCTIONS = Registry("model.token_reduction")
-# backends whose output depends on the tokens as a sequence only (not on a grid, windows, or a fixed length)
-SEQUENCE_BACKENDS = frozenset({"global", "linear", "efficient", "performer", "rfa", "nystrom", "xca", "hydra",
-                               "relu_linear", "probsparse", "fnet"})
+
+
+def sequence_backends() -> list[str]:
+    """The backends whose output depends on the tokens as a sequence only (not on a grid, windows, or a fixed
+    length): those whose class declares :attr:`~vitzoo.attention.base.TokenMixer.sequence_capable`."""
+    return [n for n in ATTENTION.names() if ATTENTION.get(n)[0].sequence_capable]
 
 
 def reduction_config(spec: Any) -> Any:
@@ -65,9 +68,12 @@ def check_backend(spec: Any, attention: Any, class_token: bool) -> None:
     name = REDUCTIONS.name_of(cfg)
     att = ATTENTION.name_of(attention_config(attention))
     opt = f"model.token_reduction={name}"
-    ok = att in SEQUENCE_BACKENDS and not (att == "relu_linear" and attention_config(attention).scales)
-    check(ok, f"{opt} cannot run with attention={att}: it needs the full token grid (windows, local patterns or "
-              f"a fixed length); use a sequence backend ({', '.join(sorted(SEQUENCE_BACKENDS))})")
+    cls, acfg = attention_class(attention), attention_config(attention)
+    check(not cls.sequence_capable or cls.takes_sequence(acfg),
+          f"{opt} cannot run with attention={att} as configured: {cls.takes_sequence.__doc__.strip()}")
+    check(cls.sequence_capable, f"{opt} cannot run with attention={att}: it needs the full token grid (windows, "
+                                f"local patterns or a fixed length); use a sequence backend "
+                                f"({', '.join(sequence_backends())})")
     if name == "evit":
         check(att == "global", f"{opt} ranks tokens by the class token's softmax attention: use attention=global "
                                f"(got attention={att})")
@@ -372,5 +378,5 @@ class TokenLearner(TokenReducer):
         return layernorm_flops(M * C) + M * C * D + M * D * S + S * M * C  # norm, MLP (C -> D -> S), pooling
 
 
-__all__ = ["REDUCTIONS", "SEQUENCE_BACKENDS", "TokenReducer", "attach_reducers", "check_backend",
+__all__ = ["REDUCTIONS", "TokenReducer", "attach_reducers", "check_backend", "sequence_backends",
            "reduction_config", "sequence_grid", "set_training_progress"]

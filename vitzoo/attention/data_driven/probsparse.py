@@ -86,6 +86,7 @@ class ProbSparseAttention(QKVAttention):
             seeds the training draws).
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + NUC + 2uNC"
     BAND_CHUNK = 1 << 16  # query and key values per image a band product reads at once (512 bands at h·d = 128)
     CHUNK = 1 << 13  # sampled key vectors per image gathered at once by the measurement (query chunks)
@@ -243,8 +244,8 @@ class ProbSparseAttention(QKVAttention):
                 picked = scores.gather(1, cols.to(q.device))  # [N, U]
                 measure = picked.max(dim=1).values - picked.sum(dim=1) / N
                 active = torch.argsort(measure, descending=True)[:U]
-                # every query gets mean(V), the active ones are overwritten below; a non-finite measurement (a NaN query)
-                # stays non-finite, as on the fast path
+                # every query gets mean(V), the active ones are overwritten below; a non-finite measurement
+                # (a NaN query) stays non-finite, as on the fast path
                 out[b, j] = v[b, j].mean(dim=0) + measure[:, None] * 0
                 w = (scores[active] * self.scale).softmax(dim=-1)
                 out[b, j, active] = w @ v[b, j]

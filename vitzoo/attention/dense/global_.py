@@ -26,6 +26,7 @@ class GlobalConfig:
 class GlobalAttention(QKVAttention):
     """Multi-head self-attention over all N = P + H·W tokens; its cost is :attr:`formula`."""
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 2N²C"
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

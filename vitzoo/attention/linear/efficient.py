@@ -32,6 +32,7 @@ class EfficientAttention(QKVAttention):
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 2NdC"
     linear_cost = True
 

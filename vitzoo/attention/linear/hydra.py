@@ -35,6 +35,7 @@ class HydraAttention(TokenMixer):
         ctx: dims, grid and prefix tokens from the host block.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + NC"
     linear_cost = True
 

@@ -48,6 +48,7 @@ class LinearAttention(QKVAttention):
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 2NdC + 2NC"
     linear_cost = True
 

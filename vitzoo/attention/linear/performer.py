@@ -92,6 +92,7 @@ class PerformerAttention(RandomFeatureAttention):
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 2NmC + 2NmC + 2hNm"
     feature_kind = "exp"
 

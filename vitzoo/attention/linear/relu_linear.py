@@ -30,7 +30,7 @@ Where vitzoo departs from the paper's block: the q/k/v projection is a token-wis
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -70,8 +70,14 @@ class ReLULinearAttention(TokenMixer):
         ctx: dims, heads, grid and prefix tokens from the host block.
     """
 
+    sequence_capable = True  # single-scale: the output depends on the tokens as a sequence only
     formula = "3NC² + 3MC(K + Sd) + (1 + S)(NC² + 2NdC + NC) + βNC"
     linear_cost = True
+
+    @classmethod
+    def takes_sequence(cls, cfg: Any) -> bool:
+        """Single-scale heads only (attention.scales=[]): the multi-scale aggregation convolves over the token grid."""
+        return not cfg.scales
 
     def __init__(self, cfg: ReLULinearConfig, ctx: MixerContext):
         if cfg.head_dim is not None:

@@ -105,6 +105,7 @@ class RFAAttention(RandomFeatureAttention):
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 4NDC + 2hND"  # positive; the instance's formula follows feature_map
     trig_formula = "4NC² + 2NDC + 4NDC + 4hND"
     feature_symbol = "D"

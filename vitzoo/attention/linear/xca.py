@@ -33,6 +33,7 @@ class CrossCovarianceAttention(QKVAttention):
         ctx: dims, heads, grid and prefix tokens from the host block.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 2NdC"
     linear_cost = True
 

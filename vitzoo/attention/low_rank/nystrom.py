@@ -80,6 +80,7 @@ class NystromAttention(QKVAttention):
         ctx: host dims.
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "4NC² + 4NmC + 2m²C + 4Ihm³"
     linear_cost = True
 

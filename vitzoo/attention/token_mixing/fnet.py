@@ -49,6 +49,7 @@ class FNetMixing(TokenMixer):
         ctx: host dims (the grid only matters through N at call time).
     """
 
+    sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "⌊5/4·NC·log₂(NC) + 1/2⌋"
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
