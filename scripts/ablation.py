@@ -5,8 +5,9 @@ Each tuning run is one ``train.py`` job with ``record_dir=results/cifar10_tuning
 exact command. The table lists, per run, the levers it changes against the short recipe (the overrides of its
 command beyond the common ones), top-1 with its 95 % interval over the validation images, flip-TTA top-1 where
 it was measured, the top-1 after each epoch, and the difference to the short recipe's own runs
-(``results/cifar10_short/3ep``, the mean of its seeds). A run stopped early leaves ``<tag>/stopped.json`` (its command,
-the epochs it finished and why it was stopped) and is listed with its curve. Runs are listed in tag order (the
+(``results/cifar10_short/3ep``, the mean of its seeds), and the step it takes from the run it builds on (the
+earlier run sharing the most levers: what one lever adds). A run stopped early leaves ``<tag>/stopped.json`` (its
+command, the epochs it finished and why it was stopped) and is listed with its curve. Runs are listed in tag order (the
 order they were tried).
 
     python scripts/ablation.py                                  # print the table
@@ -45,11 +46,34 @@ def curve(values) -> str:
     return " / ".join(f"{100 * v:.1f}" for v in values) if values else "–"
 
 
-def levers(command: str) -> str:
+def lever_list(command: str) -> list[str]:
     """The overrides of a tuning command that change the recipe (``+model.stem=conv`` -> ``model.stem=conv``)."""
     words = shlex.split(command or "")[2:]  # drop "python train.py"
-    kept = [w.lstrip("+") for w in words if not w.startswith(COMMON)]
-    return ", ".join(f"`{w}`" for w in kept) or "(the short recipe)"
+    return [w.lstrip("+") for w in words if not w.startswith(COMMON)]
+
+
+def levers(command: str) -> str:
+    """:func:`lever_list` as Markdown code spans."""
+    return ", ".join(f"`{w}`" for w in lever_list(command)) or "(the short recipe)"
+
+
+def parent(tag: str, mine: list[str], earlier: list[tuple[str, list[str]]]) -> tuple[str, list[str]] | None:
+    """The earlier run this one builds on, and the levers it adds or changes against it.
+
+    The parent sets no option this run leaves at the short recipe's value, and shares the most levers with it
+    (on a tie the one with fewer levers, then the latest), so each row reads as one step: ``t09`` = ``t07`` + ``model.stem_full_res_convs=1``.
+
+    Args:
+        tag: this run's tag; mine: its levers; earlier: ``(tag, levers)`` of the runs tried before it.
+    """
+    keys = {w.split("=", 1)[0] for w in mine}
+    best = None
+    for other, theirs in earlier:
+        if other < tag and {w.split("=", 1)[0] for w in theirs} <= keys:
+            score = (len(set(theirs) & set(mine)), -len(theirs))
+            if best is None or score >= best[0]:
+                best = (score, other, [w for w in mine if w not in theirs])
+    return None if best is None else (best[1], best[2])
 
 
 def table(tuning: Path, baseline: Path) -> str:
@@ -74,27 +98,33 @@ def table(tuning: Path, baseline: Path) -> str:
         f"{len(base)} seeds, {', '.join(sorted({str(r.get('cpu')) for r in base}))}).",
         "",
         "| run | levers on top of `experiment=cifar10_short` | top-1 % per epoch | top-1 % (95 % CI) | Δ short "
-        "| flip TTA % | commit |",
-        "|---|---|---|---|---|---|---|",
+        "| builds on: adds (Δ) | flip TTA % | commit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    finished = {tag: r for tag, r in recs}
+    done = [(tag, lever_list(r.get("command"))) for tag, r in recs]
     rows = [(tag, r, False) for tag, r in recs] + [(tag, r, True) for tag, r in stopped]
     for tag, r, halted in sorted(rows, key=lambda row: row[0]):
         if halted:
             lines.append(f"| {tag} | {levers(r.get('command'))} | {curve(r['val_top1_per_epoch'])} "
-                         f"| stopped: {r.get('why', '')} | | | |")
+                         f"| stopped: {r.get('why', '')} | | | | |")
             continue
         low, high = r["top1_ci95"]
         tta = f"{100 * r['top1_tta']:.2f}" if isinstance(r.get("top1_tta"), float) else "–"
+        step = parent(tag, lever_list(r.get("command")), done)
+        adds = "–" if step is None else (f"{step[0]}: {', '.join(f'`{w}`' for w in step[1])} "
+                                         f"({100 * (r['top1'] - finished[step[0]]['top1']):+.2f})")
         lines.append(f"| {tag} | {levers(r.get('command'))} | {curve(r.get('top1_per_epoch'))} "
                      f"| {100 * r['top1']:.2f} ({100 * low:.1f}–{100 * high:.1f}) | {100 * (r['top1'] - ref):+.2f} "
-                     f"| {tta} | {r.get('commit')} |")
+                     f"| {adds} | {tta} | {r.get('commit')} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tuning", default="results/cifar10_tuning", help="folder of tuning records (<tag>/...)")
-    p.add_argument("--baseline", default="results/cifar10_short/3ep/vit_cifar/global", help="the short recipe's records")
+    p.add_argument("--baseline", default="results/cifar10_short/3ep/vit_cifar/global",
+                   help="the short recipe's records")
     p.add_argument("--docs", default=None, help="Markdown file whose generated ablation block is replaced")
     p.add_argument("--check", action="store_true", help="with --docs: fail if the block differs, write nothing")
     a = p.parse_args(argv)

@@ -37,8 +37,22 @@ def test_table_lists_levers_curves_and_the_difference_to_the_short_recipe(tmp_pa
     rows = ablation.table(tuning, base).splitlines()
     assert rows[0].startswith("> **Machine:** cpu X") and "**Commit:** abc1234" in rows[0]
     assert "55.00 % (mean of 2 seeds" in rows[2]
-    assert rows[-2] == "| t01_a | `model.stem=conv` | 50.0 / 70.0 | 70.00 (69.0–71.0) | +15.00 | 71.00 | abc1234 |"
+    assert rows[-2] == "| t01_a | `model.stem=conv` | 50.0 / 70.0 | 70.00 (69.0–71.0) | +15.00 | – | 71.00 | abc1234 |"
     assert rows[-1].startswith("| t02_b | `optim.lr=2e-3` | 40.0 | stopped: after 1 of 3 epochs |")
+
+
+def test_each_run_names_the_run_it_builds_on_and_what_it_adds(tmp_path):
+    base, tuning = folders(tmp_path)
+    common = "python train.py experiment=cifar10_short export=false record_dir=x"
+    for tag, top1, levers in [("t03_c", 0.72, "+model.stem=conv model.x=1 optim.lr=5e-4"),
+                              ("t04_d", 0.69, "+model.stem=conv model.x=1 optim.lr=1e-3"),
+                              ("t05_e", 0.74, "+model.stem=conv model.y=2")]:
+        write(tuning / f"{tag}/vit_cifar/global/seed0.json", record(top1, f"{common} {levers}"))
+    steps = {r.split(" | ")[0][2:]: r.split(" | ")[5] for r in ablation.table(tuning, base).splitlines()
+             if r.startswith("| t0")}
+    assert steps["t03_c"] == "t01_a: `model.x=1`, `optim.lr=5e-4` (+2.00)"
+    assert steps["t04_d"] == "t03_c: `optim.lr=1e-3` (-3.00)"  # one lever changed against the closest run
+    assert steps["t05_e"] == "t01_a: `model.y=2` (+4.00)"  # not t03/t04: they set options t05 leaves alone
 
 
 def test_docs_block_is_replaced_idempotently_and_checked(tmp_path, capsys):
