@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = CONFIG_DIR  # the Hydra configs shipped inside the package (vitzoo/conf)
 CIFAR_ROOT = Path(os.environ.get("VITZOO_CIFAR10", ROOT.parent / "shared" / "data" / "cifar10"))
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# torch threads of a test process: at most 2, and at most the cores per pytest-xdist worker (``-n 2`` on 2 cores:
+# one each); two workers of two OpenMP threads on 2 cores make every small op wait for a busy core, 10× slower
+_CORES_PER_WORKER = (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads(), _CORES_PER_WORKER)))
 
 
 @pytest.fixture(autouse=True)

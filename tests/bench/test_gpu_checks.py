@@ -2,17 +2,20 @@
 budget stops new items, a failing item does not lose the others, and the FlexAttention check can fail."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from helpers import BENCH_TINY, native_bf16
 
 from vitzoo.attention import build_attention
 from vitzoo.attention.sparse import flex
 from vitzoo.bench import gpu_checks
 from vitzoo.bench.gpu_checks import SIZES, STEPS, GpuCheckOptions, fixed_pattern_backends, run_gpu_checks
+from vitzoo.bench.options import BenchOptions
 from vitzoo.registry import ConfigError
 
 ROOT = gpu_checks.Path(__file__).resolve().parents[2]
@@ -20,13 +23,20 @@ ROOT = gpu_checks.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One smoke run of every step (about 10 s on 2 cores)."""
+    """One smoke run of every step, on one thread: the layer steps at the tiny layer shape of the benchmark tests
+    (``BENCH_TINY``), the timm step at batch 1 where bf16 is emulated (its bf16 items are most of the run there)."""
     out = tmp_path_factory.mktemp("gpu_checks")
     mp = pytest.MonkeyPatch()
     mp.setenv("VITZOO_CACHE", str(out / "cache"))
+    mp.setattr(gpu_checks, "BenchOptions",
+               functools.partial(BenchOptions, **{k: v for k, v in BENCH_TINY.items() if k.startswith("layer_")}))
+    mp.setitem(SIZES, "smoke", {**SIZES["smoke"], "model_batch": SIZES["smoke"]["model_batch"] if native_bf16() else 1})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         run = run_gpu_checks(GpuCheckOptions(out=str(out), device="cpu", smoke=True, budget_s=600), log=lambda m: None)
     finally:
+        torch.set_num_threads(threads)
         mp.undo()
     return run, out
 

@@ -196,7 +196,7 @@ def _core_inputs(kind: str, tokens: int):
 
 @pytest.mark.parametrize("chunk", [1 << 20, 40, 12], ids=["one_chunk", "chunks", "token_blocks"])
 @pytest.mark.parametrize("kind", ["exp", "fourier", "elu"])
-def test_kernel_core_gradcheck(kind, chunk, monkeypatch):
+def test_kernel_core_gradcheck(kind, chunk, monkeypatch, one_thread):
     """Hand-written backward of FeatureAttentionCore's PyTorch path against finite differences (float64, several
     chunks; the compiled kernel: tests/cpu_kernels/test_feature_kernel.py)."""
     from vitzoo.attention.linear import feature_core
@@ -267,7 +267,7 @@ def test_fused_forward_matches_per_head_attend_and_its_gradients(name):
     torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-12)
 
 
-def test_efficient_core_gradcheck(monkeypatch):
+def test_efficient_core_gradcheck(monkeypatch, one_thread):
     from vitzoo.attention.linear import efficient_core
 
     monkeypatch.setattr(functional, "CHUNK_ELEMENTS", 40)  # several chunks
@@ -277,14 +277,14 @@ def test_efficient_core_gradcheck(monkeypatch):
 
 @pytest.mark.parametrize("mats,heads", [(2, 3), (2, 1), (1, 1)], ids=["none", "headwise", "kv"])
 @pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_chunk", "chunks"])
-def test_linformer_core_gradcheck(mats, heads, chunk, monkeypatch):
+def test_linformer_core_gradcheck(mats, heads, chunk, monkeypatch, one_thread):
     """Hand-written backward of LinformerCore (probabilities recomputed) against finite differences."""
     from vitzoo.attention.low_rank.linformer import linformer_attention_qkv
 
-    monkeypatch.setattr(functional, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(functional, "CHUNK_ELEMENTS", chunk)  # 40: chunks of 1 or 2 of the 3 heads, per image
     torch.manual_seed(0)
-    qkv = torch.randn(2, 10, 3 * 3 * 4, dtype=torch.float64, requires_grad=True)
-    proj = torch.randn(mats, heads, 10, 5, dtype=torch.float64, requires_grad=True)
+    qkv = torch.randn(2, 6, 3 * 3 * 2, dtype=torch.float64, requires_grad=True)  # B=2, N=6, h=3, d=2
+    proj = torch.randn(mats, heads, 6, 3, dtype=torch.float64, requires_grad=True)  # k=3
     assert torch.autograd.gradcheck(lambda t, p: linformer_attention_qkv(t, p, 3, 0.5), (qkv, proj))
 
 
