@@ -2,10 +2,11 @@
 
 Builds the variant twice (``--a`` and ``--b``: JSON objects of model options, e.g. the CIFAR-10 recipe's stem and
 pooling against the plain patchify ViT), then times full training steps (forward, backward and an AdamW step,
-bf16 autocast with ``--amp``) in alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) and prints the
+bf16 autocast with ``--amp``) in alternating blocks (ABBA, :func:`vitzoo.measure.timing.time_fns`) and prints the
 images/s of each and the per-block ratios: the machine's drift cancels in a ratio measured this way.
 
     python tools/ab_recipe.py --model vit_cifar --b '{"stem": "conv", "global_pool": "avg"}' --batch 128 --amp
+    python tools/ab_recipe.py --b '{"stem": "conv"}' --batch 128 --batch-b 64 --amp   # each recipe at its own batch
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import platform
 
 import torch
 
-from vitzoo.bench.environment import cpu_model
-from vitzoo.bench.timing import time_fns
+from vitzoo.measure.environment import cpu_model
+from vitzoo.measure.timing import time_fns
 from vitzoo.models import create_model
 
 
@@ -47,24 +48,29 @@ def main() -> None:
     p.add_argument("--model", default="vit_cifar", help="model variant")
     p.add_argument("--a", default="{}", help="model options of A (JSON)")
     p.add_argument("--b", required=True, help="model options of B (JSON)")
-    p.add_argument("--batch", type=int, default=128, help="images per step")
+    p.add_argument("--batch", type=int, default=128, help="images per step (A, and B unless --batch-b)")
+    p.add_argument("--batch-b", type=int, default=None, help="images per step of B (default: --batch)")
     p.add_argument("--amp", action="store_true", help="bf16 autocast")
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per side (alternating)")
     p.add_argument("--steps", type=int, default=5, help="steps per block")
     args = p.parse_args()
     opts = {"A": json.loads(args.a), "B": json.loads(args.b)}
     size = create_model(args.model).cfg.img_size
-    x, y = torch.randn(args.batch, 3, size, size), torch.randint(0, 10, (args.batch,))
+    batch = {"A": args.batch, "B": args.batch_b or args.batch}
     fns, gmacs = {}, {}
     for name, o in opts.items():
+        x, y = torch.randn(batch[name], 3, size, size), torch.randint(0, 10, (batch[name],))
         fns[name], gmacs[name] = train_step(args.model, o, x, y, args.amp)
     t = time_fns(fns, torch.device("cpu"), warmup=2, repeats=args.blocks, min_time=0, max_time=0, iters=args.steps)
     print(f"{cpu_model()} ({platform.machine()}), torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"batch {args.batch}{', bf16' if args.amp else ', fp32'}")
+          f"{'bf16' if args.amp else 'fp32'}")
     for name in opts:
-        print(f"{name} {opts[name]}: {gmacs[name]:.4f} GMACs/image, {args.batch / t[name].median:.1f} train img/s")
-    pairs = ", ".join(f"{a / b:.3f}" for a, b in zip(t["A"].seconds, t["B"].seconds))  # B speed / A speed
-    print(f"B / A speed: {t['A'].median / t['B'].median:.3f} (per block: {pairs})")
+        print(f"{name} {opts[name]}, batch {batch[name]}: {gmacs[name]:.4f} GMACs/image, "
+              f"{batch[name] / t[name].median:.1f} train img/s")
+    speed = {name: [batch[name] / s for s in t[name].seconds] for name in opts}  # images/s per block
+    pairs = ", ".join(f"{b / a:.3f}" for a, b in zip(speed["A"], speed["B"]))
+    print(f"B / A speed (images/s): {batch['B'] / t['B'].median / (batch['A'] / t['A'].median):.3f} "
+          f"(per block: {pairs})")
 
 
 if __name__ == "__main__":
