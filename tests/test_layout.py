@@ -1,11 +1,14 @@
 """Package layering, read from the source with ``ast`` (nothing is imported), and module sizes.
 
-cpu_kernels  <-  attention  <-  layers  <-  models  <-  data / export  <-  training / flops / bench
+Every top-level module and package of vitzoo has one place in :data:`ORDER` (no two share a tier) and imports only
+those before it, not even lazily inside a function, so the package graph has no cycle:
 
-A lower layer never imports a higher one (not even lazily inside a function); no module imports itself back
-through others; a private module (``_x.py``) is imported only inside its own package; ``vitzoo.flops``
-counts by duck typing (``flops``/``flops_children``) and names no backbone or layer; scripts/ use
-the installed package instead of editing ``sys.path``; no library module is over 400 lines.
+registry < fileio < quiet < costs < configs < untrusted < measure < cpu_kernels < attention < layers < models
+< data < export < vitzoo (its ``__init__``) < flops < training < bench < train < eval
+
+No module imports itself back through others; a private module (``_x.py``) is imported only inside its own
+package; ``vitzoo.flops`` counts by duck typing (``flops``/``flops_children``) and names no backbone or layer;
+scripts/ use the installed package instead of editing ``sys.path``; no library module is over 400 lines.
 """
 from __future__ import annotations
 
@@ -16,16 +19,13 @@ import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "vitzoo"
-HIGHER = ["vitzoo.layers", "vitzoo.models", "vitzoo.training", "vitzoo.flops", "vitzoo.bench"]
-FORBIDDEN = {
-    "vitzoo.cpu_kernels": ["vitzoo.attention"] + HIGHER,
-    "vitzoo.attention": HIGHER,
-    "vitzoo.layers": HIGHER[1:],
-    "vitzoo.models": HIGHER[2:],
-    "vitzoo.flops": ["vitzoo.layers", "vitzoo.models", "vitzoo.training", "vitzoo.bench"],
-    "vitzoo.data": ["vitzoo.export", "vitzoo.training", "vitzoo.flops", "vitzoo.bench"],
-    "vitzoo.export": ["vitzoo.training", "vitzoo.flops", "vitzoo.bench"],
-}
+# lowest first: each imports only those before it. measure (timing, memory, the machine) is a leaf under training
+# and bench; bench (benchmark runs, ranking, charts, GPU checks) may import training, never the other way
+ORDER = [
+    "vitzoo.registry", "vitzoo.fileio", "vitzoo.quiet", "vitzoo.costs", "vitzoo.configs", "vitzoo.untrusted",
+    "vitzoo.measure", "vitzoo.cpu_kernels", "vitzoo.attention", "vitzoo.layers", "vitzoo.models", "vitzoo.data",
+    "vitzoo.export", "vitzoo", "vitzoo.flops", "vitzoo.training", "vitzoo.bench", "vitzoo.train", "vitzoo.eval",
+]
 MAX_LINES = 400
 LONG_FILES: dict[str, str] = {}  # path -> why it may exceed MAX_LINES
 
@@ -37,23 +37,56 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts)
 
 
-def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
-    """Absolute names of every module ``path`` imports, at any depth of the file (relative imports resolved)."""
+def import_statements(path: Path, root: Path = ROOT) -> list[tuple[str, list[str]]]:
+    """Every import of ``path`` at any depth of the file, as ``(module, names)``: ``import a.b`` gives
+    ``("a.b", [])``, ``from a import b, c`` gives ``("a", ["b", "c"])`` (relative imports resolved)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    names = set()
+    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from vitzoo import flops`
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+    """Absolute names of every module ``path`` imports, at any depth of the file (relative imports resolved)."""
+    names = set()
+    for base, aliases in import_statements(path, root):
+        names.add(base)
+        names.update(f"{base}.{alias}" for alias in aliases)  # `from vitzoo import flops`
     return names
+
+
+def unit(name: str) -> str:
+    """The top-level module or package of vitzoo that module ``name`` is part of: ``vitzoo.models.vit`` ->
+    ``vitzoo.models``; ``vitzoo`` is the package's ``__init__`` (``create_model``, ``__version__`` ...)."""
+    return ".".join(name.split(".")[:2])
+
+
+def imported_units(path: Path, units: set[str], root: Path = ROOT) -> set[str]:
+    """The top-level modules and packages of vitzoo that ``path`` imports: ``from vitzoo import flops`` is
+    ``vitzoo.flops``, ``from vitzoo import __version__`` and ``import vitzoo`` are vitzoo's ``__init__``.
+
+    Args:
+        path: a Python file.
+        units: the top-level modules and packages (:func:`unit` of every module).
+        root: the folder holding the ``vitzoo`` package.
+    """
+    found = set()
+    for base, aliases in import_statements(path, root):
+        if base == "vitzoo" and aliases:
+            found.update(f"vitzoo.{a}" if f"vitzoo.{a}" in units else "vitzoo" for a in aliases)
+        elif within(base, "vitzoo"):
+            found.add(unit(base))
+    return found
 
 
 def within(name: str, package: str) -> bool:
@@ -68,20 +101,30 @@ def test_import_parser_sees_imports_at_any_depth(tmp_path):
     f.write_text("def f():\n    from vitzoo import flops\n    from ..models import swin\n")
     names = imported_modules(f, root=tmp_path)
     assert "vitzoo.flops" in names and "vitzoo.models.swin" in names
+    units = {"vitzoo", "vitzoo.flops", "vitzoo.models", "vitzoo.attention"}
+    assert imported_units(f, units, root=tmp_path) == {"vitzoo.flops", "vitzoo.models"}
+    f.write_text("import vitzoo\nfrom vitzoo import __version__\nfrom . import base\n")
+    assert imported_units(f, units, root=tmp_path) == {"vitzoo", "vitzoo.attention"}
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
+UNITS = {unit(module_name(p)) for p in MODULES}
 
 
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_lower_layers_do_not_import_higher_ones(layer):
+def test_order_places_every_package_once():
+    """A new top-level module or package gets its place in ORDER; none shares a tier."""
+    assert len(set(ORDER)) == len(ORDER) and set(ORDER) == UNITS, sorted(UNITS ^ set(ORDER))
+
+
+@pytest.mark.parametrize("layer", ORDER)
+def test_no_package_imports_a_later_one(layer):
     offences = []
     for path in MODULES:
-        if not within(module_name(path), layer):
+        if unit(module_name(path)) != layer:
             continue
-        for name in sorted(imported_modules(path)):
-            if any(within(name, higher) for higher in FORBIDDEN[layer]):
-                offences.append(f"{path.relative_to(ROOT)} imports {name}")
+        for name in sorted(imported_units(path, UNITS)):
+            if name not in ORDER or ORDER.index(name) > ORDER.index(layer):
+                offences.append(f"{path.relative_to(ROOT)} imports {name}, which comes after {layer}")
     assert not offences, "\n".join(offences)
 
 
@@ -122,6 +165,21 @@ def test_cycle_finder():
 def test_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Top-level module or package -> the others it imports (any module of it, at any depth of the file)."""
+    graph: dict[str, set[str]] = {u: set() for u in UNITS}
+    for path in MODULES:
+        own = unit(module_name(path))
+        graph[own] |= imported_units(path, UNITS) - {own}
+    return graph
+
+
+def test_no_cycle_between_packages():
+    """Modules of two packages may import each other without a module-level cycle; packages may not."""
+    cycle = find_cycle(package_graph())
+    assert not cycle, "package import cycle: " + " -> ".join(cycle)
 
 
 def test_private_modules_are_imported_only_inside_their_package():

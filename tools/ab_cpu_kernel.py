@@ -1,6 +1,6 @@
 """A/B timing of vitzoo's compiled CPU kernels against the PyTorch path, in one process.
 
-Alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) of one attention layer as
+Alternating blocks (ABBA, :func:`vitzoo.measure.timing.time_fns`) of one attention layer as
 ``tools/ab_module.py`` builds it (C = 128, 4 heads, batch 4, a square grid), the kernels
 (:mod:`vitzoo.cpu_kernels.loader`: block attention for the fixed patterns, random features for performer and rfa)
 switched by ``VITZOO_CPU_KERNELS`` between blocks; training steps (forward + backward) or inference
@@ -19,9 +19,9 @@ from typing import Callable
 import torch
 from ab_module import layer_step  # tools/ is the script's import path
 
-from vitzoo.bench.memory import _malloc_live
-from vitzoo.bench.timing import time_fns
 from vitzoo.cpu_kernels import loader
+from vitzoo.measure.memory import _malloc_live
+from vitzoo.measure.timing import time_fns
 
 
 def switched(step: Callable[[], torch.Tensor], kernel: bool) -> Callable[[], torch.Tensor]:

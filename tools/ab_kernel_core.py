@@ -20,8 +20,8 @@ from types import ModuleType
 import torch
 from revision import load_revision  # tools/ is the script's import path
 
-from vitzoo.bench.memory import _malloc_live
-from vitzoo.bench.timing import time_fns
+from vitzoo.measure.memory import _malloc_live
+from vitzoo.measure.timing import time_fns
 
 CORE = "vitzoo.attention.linear.feature_core"
 

@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 from revision import load_revision  # tools/ is the script's import path
 
-from vitzoo.bench.memory import _malloc_live
-from vitzoo.bench.timing import time_fns
+from vitzoo.measure.memory import _malloc_live
+from vitzoo.measure.timing import time_fns
 
 
 def importer_slots(name: str, old: ModuleType) -> list[tuple[ModuleType, str, object, object]]:

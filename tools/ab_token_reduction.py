@@ -2,7 +2,7 @@
 
 Builds the model twice from the same weights seed (``model.token_reduction`` null and the chosen reducer),
 prints both analytic GMACs per image, then times inference (``torch.no_grad``, eval mode) or training steps
-(forward + backward) in alternating blocks (ABBA, :func:`vitzoo.bench.timing.time_fns`) and prints the
+(forward + backward) in alternating blocks (ABBA, :func:`vitzoo.measure.timing.time_fns`) and prints the
 per-block ratios (without / with): the machine's drift cancels in a ratio measured this way.
 
     python tools/ab_token_reduction.py --model vit_small --img-size 224 --reduction tome --r 13 --batch 8
@@ -14,8 +14,8 @@ import platform
 
 import torch
 
-from vitzoo.bench.environment import cpu_model
-from vitzoo.bench.timing import time_fns
+from vitzoo.measure.environment import cpu_model
+from vitzoo.measure.timing import time_fns
 from vitzoo.models import create_model
 
 

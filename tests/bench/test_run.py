@@ -10,9 +10,9 @@ from helpers import load_file, read_csv
 from vitzoo.bench import (
     NOT_INSTALLED,
     BenchOptions,
-    package_version,
     run_benchmark,
 )
+from vitzoo.measure.environment import package_version
 from vitzoo.registry import ConfigError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -22,8 +22,8 @@ from pytorch_lightning.trainer.states import TrainerFn
 from test_bad_inputs import DIGITS, HPARAMS, TINY, checkpoint, edit_options, exported, image_tree
 
 import vitzoo
-from vitzoo.bench.memory import PeakMemory
 from vitzoo.export import Predictor, predict_files
+from vitzoo.measure.memory import PeakMemory
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, segments, train
 from vitzoo.training.callbacks import ImagesPerSecond

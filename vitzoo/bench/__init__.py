@@ -34,15 +34,14 @@ How things are measured:
 Comparison (:func:`compare_runs`): reads a Hydra multirun folder whose jobs wrote ``results.json``
 and draws the accuracy/throughput bubble chart with its Pareto front.
 
-Modules: ``options`` (:class:`BenchOptions`, backend/model names), ``environment`` (the machine),
-``timing`` (:func:`time_fns`), ``memory`` (:class:`PeakMemory`), ``references`` (timm,
+Modules: ``options`` (:class:`BenchOptions`, backend/model names), ``references`` (timm,
 performer-pytorch, linformer, natten), ``jobs`` (one measurement each), ``worker`` (one process per
-job), ``run`` (:func:`run_benchmark`), ``report`` (tables, chart) and ``compare``.
+job), ``run`` (:func:`run_benchmark`), ``report`` (tables, chart) and ``compare``. The measuring tools they
+use (timing, peak memory, the machine's description) are :mod:`vitzoo.measure`, which training uses too;
+this package imports training, never the other way.
 """
 from vitzoo.bench.compare import compare_runs, find_run_dirs, pareto_front, plot_bubbles, read_run, sweep_command
-from vitzoo.bench.environment import environment, package_version
 from vitzoo.bench.jobs import JOBS, layer_job, layer_ref_job, model_job, model_ref_job
-from vitzoo.bench.memory import PeakMemory
 from vitzoo.bench.options import BenchOptions, model_family, resolve_device, select_backends
 from vitzoo.bench.references import (
                                      LAYER_REFERENCES,
@@ -54,12 +53,10 @@ from vitzoo.bench.references import (
 )
 from vitzoo.bench.report import markdown_table, plot_scaling, write_csv, write_outputs
 from vitzoo.bench.run import run_benchmark
-from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.bench.worker import run_job
 
-__all__ = ["BenchOptions", "JOBS", "LAYER_REFERENCES", "MODEL_REFERENCES", "NOT_INSTALLED", "PeakMemory",
-           "ReferenceUnavailable", "Timing", "compare_runs", "environment", "find_run_dirs",
-           "layer_job", "layer_ref_job", "layer_reference", "markdown_table", "model_family", "model_job",
-           "model_ref_job", "package_version", "pareto_front", "plot_bubbles", "plot_scaling", "read_run",
-           "resolve_device", "run_benchmark", "run_job", "select_backends", "sweep_command", "time_fns",
-           "timm_reference", "write_csv", "write_outputs"]
+__all__ = ["BenchOptions", "JOBS", "LAYER_REFERENCES", "MODEL_REFERENCES", "NOT_INSTALLED", "ReferenceUnavailable",
+           "compare_runs", "find_run_dirs", "layer_job", "layer_ref_job", "layer_reference", "markdown_table",
+           "model_family", "model_job", "model_ref_job", "pareto_front", "plot_bubbles", "plot_scaling", "read_run",
+           "resolve_device", "run_benchmark", "run_job", "select_backends", "sweep_command", "timm_reference",
+           "write_csv", "write_outputs"]

@@ -36,7 +36,6 @@ from typing import Any, Optional
 import torch
 
 from vitzoo.attention import MixerContext, attention_class, build_attention, list_attention
-from vitzoo.bench.environment import environment
 from vitzoo.bench.jobs import layer_job, model_ref_job
 from vitzoo.bench.options import BenchOptions, model_img_size, resolve_device
 from vitzoo.bench.precision import MODES, PrecisionOptions, measure_pair
@@ -45,6 +44,7 @@ from vitzoo.bench.report import markdown_table
 from vitzoo.bench.run import add_layer_ratios, add_mfu
 from vitzoo.configs import attention_options
 from vitzoo.flops.mfu import matmul_peak
+from vitzoo.measure.environment import environment
 from vitzoo.registry import ConfigError
 
 Row = dict[str, Any]

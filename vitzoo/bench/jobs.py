@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from vitzoo.attention import MixerContext, before_train_step, build_attention, list_attention
-from vitzoo.bench.memory import PeakMemory, _malloc_live, is_oom
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
-from vitzoo.bench.timing import Timing, time_fns
 from vitzoo.flops import count_flops
+from vitzoo.measure.memory import PeakMemory, _malloc_live, is_oom
+from vitzoo.measure.timing import Timing, time_fns
 from vitzoo.models import create_model
 from vitzoo.registry import ConfigError
 from vitzoo.training.records import model_label

@@ -38,7 +38,7 @@ class BenchOptions:
             with ``global`` in the same process, so its speedup over ``global`` is a ratio measured in one
             process; above it (``global`` is quadratic: ~16 s per call at 16,384 tokens on 2 CPU cores)
             the speedup divides times of separate processes. 0: never paired.
-        warmup, repeats, min_time, max_time: timing (see :func:`vitzoo.bench.timing.time_fns`);
+        warmup, repeats, min_time, max_time: timing (see :func:`vitzoo.measure.timing.time_fns`);
             ``max_time`` caps the seconds one measurement may take by lowering ``repeats`` (never
             below 3, or below ``repeats`` if that is smaller).
         threads: ``torch.set_num_threads`` in every worker (``None``: torch's default).
@@ -49,7 +49,7 @@ class BenchOptions:
         timeout: seconds before a configuration's process is stopped.
         mem_limit_gb: CPU address-space budget of a worker on top of its start-up size
             (``None``: 80 % of the memory available when the run starts).
-        out: output folder (default ``outputs/benchmark/<timestamp>``).
+        out: output folder (default ``outputs/benchmark/<timestamp>`` under the current folder).
         seed: torch seed in every worker.
     """
 

@@ -2,7 +2,7 @@
 
 The modes of one (model, backend) pair are measured in one process, interleaved: after each mode's
 warm-up (which includes compilation), ``rounds`` blocks of ``steps`` timed training steps run in
-alternating order (fp32, bf16-mixed, compile, then reversed: :func:`vitzoo.bench.timing.time_fns`)
+alternating order (fp32, bf16-mixed, compile, then reversed: :func:`vitzoo.measure.timing.time_fns`)
 so that a change in machine load hits every mode alike; a mode's figure is the median over its blocks.
 ``scripts/precision_table.py`` is the CLI.
 """
@@ -18,7 +18,7 @@ from torch import nn
 
 from vitzoo.attention import before_train_step
 from vitzoo.bench.options import resolve_device
-from vitzoo.bench.timing import time_fns
+from vitzoo.measure.timing import time_fns
 from vitzoo.models import create_model, model_config
 from vitzoo.registry import ConfigError
 

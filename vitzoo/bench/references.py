@@ -11,7 +11,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import nn
 
 from vitzoo.attention import MixerContext
-from vitzoo.bench.environment import package_version
+from vitzoo.measure.environment import package_version
 from vitzoo.models.swin import SwinConfig
 from vitzoo.models.vit import ViTConfig
 

@@ -9,13 +9,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from vitzoo.bench.environment import ROOT, environment, load_average, mem_available_gb
 from vitzoo.bench.options import BenchOptions, model_family, model_img_size, resolve_device, select_backends
 from vitzoo.bench.references import LAYER_REFERENCES, MODEL_REFERENCES, reference_status
 from vitzoo.bench.report import SPEED_RATIOS, write_outputs
 from vitzoo.bench.worker import run_job
 from vitzoo.configs import attention_options
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
+from vitzoo.measure.environment import environment, load_average, mem_available_gb
 
 Row = dict[str, Any]
 Run = Callable[[dict[str, Any]], Row]  # one job -> its row (streamed to rows.jsonl)
@@ -146,7 +146,7 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
     device = resolve_device(opts.device)
     backends = select_backends(opts.attention)
     mem_limit = _mem_limit(opts, device)
-    out = Path(opts.out or ROOT / "outputs" / "benchmark" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    out = Path(opts.out or Path("outputs") / "benchmark" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     env = _environment(opts, device, backends, mem_limit)
     # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine)

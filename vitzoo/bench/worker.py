@@ -8,11 +8,14 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from vitzoo.bench.environment import ROOT
 from vitzoo.bench.jobs import JOBS
-from vitzoo.bench.memory import limit_address_space
+from vitzoo.measure.memory import limit_address_space
+
+# the folder the running vitzoo package is imported from (a checkout, or site-packages of an installed wheel)
+IMPORT_ROOT = Path(__file__).resolve().parents[2]  # <IMPORT_ROOT>/vitzoo/bench/worker.py
 
 RESULT_MARKER = "@@VITZOO_BENCH_RESULT@@"
 
@@ -32,9 +35,9 @@ def worker_main() -> None:
 
 
 def _worker_env(job: Mapping[str, Any]) -> dict[str, str]:
-    """This environment, with this checkout first on ``PYTHONPATH`` (the worker imports the same vitzoo)."""
+    """This environment, with :data:`IMPORT_ROOT` first on ``PYTHONPATH`` (the worker imports the same vitzoo)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(IMPORT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     if job.get("threads"):
         env["OMP_NUM_THREADS"] = str(job["threads"])
     return env
@@ -59,7 +62,7 @@ def run_job(job: Mapping[str, Any], isolate: bool = True, timeout: float = 1800.
         return _in_process(job)
     try:
         proc = subprocess.run([sys.executable, "-m", "vitzoo.bench", "--worker"], input=json.dumps(job),
-                              env=_worker_env(job), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+                              env=_worker_env(job), cwd=IMPORT_ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"status": f"timed out after {timeout:.0f} s"}
     for line in reversed(proc.stdout.splitlines()):

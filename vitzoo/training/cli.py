@@ -27,7 +27,7 @@ from vitzoo.registry import ConfigError
 
 
 def group_choices(group: str) -> list[str]:
-    """The options of ``configs/<group>/`` (file names without ``.yaml``)."""
+    """The options of ``vitzoo/conf/<group>/`` (file names without ``.yaml``)."""
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 

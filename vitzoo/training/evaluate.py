@@ -1,4 +1,4 @@
-"""``evaluate(cfg)``: what ``python eval.py ckpt_path=…`` runs (configs/eval.yaml).
+"""``evaluate(cfg)``: what ``python eval.py ckpt_path=…`` runs (vitzoo/conf/eval.yaml).
 
 The model is rebuilt from the checkpoint's own hyper-parameters; the data is the checkpoint's
 training data config unless ``data=<group>`` picks another (``+data.key=value`` changes one option
@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 from torch import nn
 
-from vitzoo.bench.memory import PeakMemory
 from vitzoo.export import load_model
 from vitzoo.flops import count_flops
+from vitzoo.measure.memory import PeakMemory
 from vitzoo.models import attention_spec
 from vitzoo.registry import ConfigError
 from vitzoo.training.module import load_checkpoint_net, module_from_checkpoint

@@ -20,9 +20,9 @@ from typing import Any, Optional
 import torch
 
 from vitzoo.attention import list_attention
-from vitzoo.bench.environment import cpu_model, git_commit
 from vitzoo.fileio import atomic_write_text, read_regular_text
 from vitzoo.layers.token_reduction import REDUCTIONS
+from vitzoo.measure.environment import cpu_model, git_commit
 from vitzoo.models import list_models
 from vitzoo.registry import ConfigError
 from vitzoo.untrusted import replace_file

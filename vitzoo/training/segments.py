@@ -79,7 +79,7 @@ class TrainingPeakMemory(FitState):
     resumed from holds.
 
     Args:
-        peak_mb: this process's training peak so far in MiB (e.g. :meth:`vitzoo.bench.memory.PeakMemory.peak_mb`,
+        peak_mb: this process's training peak so far in MiB (e.g. :meth:`vitzoo.measure.memory.PeakMemory.peak_mb`,
             also settable later as :attr:`this_process`); None: 0 until it is set.
     """
 

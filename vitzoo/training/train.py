@@ -1,4 +1,4 @@
-"""``train(cfg)``: what ``python train.py …`` runs (configs/train.yaml).
+"""``train(cfg)``: what ``python train.py …`` runs (vitzoo/conf/train.yaml).
 
 Order: results.json (status running) -> data (checked) -> model (checked) -> FLOPs table -> fit ->
 validate the best checkpoint -> export -> inference throughput -> results.json (finished). Any
@@ -18,12 +18,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from vitzoo.bench.environment import git_commit
-from vitzoo.bench.memory import PeakMemory
 from vitzoo.data.datamodules import ImageDataModule
 from vitzoo.export import export_model
 from vitzoo.flops import count_flops
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
+from vitzoo.measure.environment import git_commit
+from vitzoo.measure.memory import PeakMemory
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.history import ValHistory

@@ -6,7 +6,6 @@ import json
 import os
 import pickle
 import sys
-import time
 import traceback
 import zipfile
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from rich.table import Table
 from torch import nn
 
 from vitzoo.flops import FlopReport
+from vitzoo.measure.timing import time_fns
 from vitzoo.registry import ConfigError, build_config
 from vitzoo.untrusted import replace_file
 
@@ -198,13 +198,14 @@ def inference_throughput(
     device: Optional[torch.device] = None,
     context: Callable[[], ContextManager] = contextlib.nullcontext,
 ) -> float:
-    """Images/s of ``model`` in eval mode at a fixed batch of random images; warm-up steps are not timed.
+    """Images/s of ``model`` in eval mode at a fixed batch of random images: one block of ``steps`` forward passes
+    timed by :func:`vitzoo.measure.timing.time_fns` after the untimed warm-up.
 
     Args:
         model: a vitzoo backbone (moved to ``device`` and left there).
         batch_size: images per forward pass.
         img_size: input side (default: the model's).
-        warmup, steps: untimed and timed forward passes.
+        warmup, steps: untimed (at least one) and timed forward passes.
         device: where to run (default: the model's device).
         context: wraps the forward passes, e.g. the Trainer precision plugin's autocast.
     """
@@ -212,19 +213,13 @@ def inference_throughput(
     model.to(device)
     s = img_size or model.cfg.img_size
     x = torch.randn(batch_size, model.cfg.in_chans, s, s, device=device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     was = model.training
     model.eval()
     try:
         with context():
-            for _ in range(warmup):
-                model(x)
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                model(x)
-            sync()
-        return batch_size * steps / (time.perf_counter() - t0)
+            timing = time_fns({"forward": lambda: model(x)}, device, warmup=warmup, repeats=1, max_time=0,
+                              iters=steps)["forward"]
+        return batch_size / timing.median
     finally:
         model.train(was)
 
@@ -234,7 +229,7 @@ class BenchmarkConfig:
     """The ``benchmark`` options: inference throughput measured after training / in eval (eval mode, random images)."""
 
     batch_size: int = 64  # images per forward pass
-    warmup: int = 3  # untimed passes
+    warmup: int = 3  # untimed passes (at least one runs)
     steps: int = 10  # timed passes
 
 

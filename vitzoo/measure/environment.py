@@ -1,8 +1,9 @@
-"""The machine a benchmark ran on: CPU model, git commit, package versions, memory (``environment.json``)."""
+"""The machine a measurement ran on: CPU model, git commit, package versions, memory (``environment.json``)."""
 from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -12,11 +13,27 @@ from typing import Any, Optional
 import timm
 import torch
 
-from vitzoo import __version__ as vitzoo_version
-from vitzoo.bench.memory import PeakMemory
+from vitzoo.measure.memory import PeakMemory
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: git commit, worker cwd, default output folder
 REFERENCE_PACKAGES = ("performer_pytorch", "linformer", "natten")
+
+
+def checkout() -> Optional[Path]:
+    """The git working tree this vitzoo runs from, or ``None`` for an installed wheel.
+
+    It is the folder holding the imported ``vitzoo`` package when that folder is the top of a git working tree
+    (a ``.git`` entry beside the package); an installed package sits in ``site-packages``, which has none.
+    """
+    top = Path(__file__).resolve().parents[2]  # <top>/vitzoo/measure/environment.py
+    return top if (top / ".git").exists() else None
+
+
+def vitzoo_version() -> Optional[str]:
+    """The installed distribution's version (``pip`` metadata); ``None`` when vitzoo runs uninstalled."""
+    try:
+        return importlib.metadata.version("vitzoo")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def cpu_model() -> str:
@@ -40,11 +57,15 @@ def cpu_model() -> str:
 
 
 def git_commit() -> Optional[str]:
-    """Short commit of the repository, ``+dirty`` when tracked files changed; ``None`` outside git."""
+    """Short commit of the code that runs (:func:`checkout`), ``+dirty`` when tracked files changed; ``None`` for an
+    installed wheel or where git is missing."""
+    top = checkout()
+    if top is None:
+        return None
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=top, capture_output=True, text=True,
                              timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=top,
                                capture_output=True, text=True, timeout=10)
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
@@ -101,7 +122,7 @@ def environment(device: str, threads: Optional[int] = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "timm": timm.__version__,
-        "vitzoo": vitzoo_version,
+        "vitzoo": vitzoo_version(),
         "git_commit": git_commit(),
         "device": device,
         "cpu_model": cpu_model(),

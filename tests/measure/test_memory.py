@@ -1,4 +1,4 @@
-"""Peak memory of a measurement: the worker process, live bytes, file-backed pages, a broken job."""
+"""Peak memory of a phase (vitzoo.measure.memory): live bytes, file-backed pages left out."""
 from __future__ import annotations
 
 import subprocess
@@ -6,33 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import BENCH_TINY as TINY
 
-from vitzoo.bench import (
-    run_job,
-)
-from vitzoo.bench.memory import _glibc
-
-
-def test_worker_process_measures_memory():
-    """The default path: one configuration in its own process, peak memory from that process.
-
-    1024 tokens, C = 64, batch 8: the float32 qkv projection alone is 6 MiB, so the phase's peak must show it
-    (the CPU flash kernel never stores the attention matrix).
-    """
-    job = dict(kind="layer", backend="global", spec={"name": "global"}, tokens=1024, dim=64, heads=2, batch=8,
-               prefix=1, window=4, device="cpu", mem_limit_gb=4,
-               **{k: v for k, v in TINY.items() if not k.startswith("layer")})
-    row = run_job(job, isolate=True, timeout=300)
-    assert row["status"] == "ok", row
-    assert row["ms"] > 0 and row["peak_mb"] > 4 and row["threads"] == 1
-    if Path("/proc/self/clear_refs").exists():
-        assert row["memory_method"].startswith("VmHWM (reset per phase) - baseline VmRSS")
-
+from vitzoo.measure.memory import _glibc
 
 _RSS_AFTER_FREE = """
 import torch
-from vitzoo.bench.memory import _malloc_live, _proc_status_kb
+from vitzoo.measure.memory import _malloc_live, _proc_status_kb
 def rss_after_free_kb(mib):
     before = _proc_status_kb("VmRSS")
     t = torch.ones(mib * 2 ** 18)  # float32: mib MiB, touched
@@ -56,7 +35,7 @@ def test_live_phase_gives_freed_tensors_back_to_the_os():
 
 _PEAK_WITH_FILE_PAGES = """
 import mmap, sys, torch
-from vitzoo.bench.memory import PeakMemory
+from vitzoo.measure.memory import PeakMemory
 path = sys.argv[1]
 with open(path, "wb") as f:
     f.write(bytes(16 * 2 ** 20))
@@ -76,10 +55,3 @@ def test_live_peak_leaves_out_file_backed_pages(tmp_path):
     out = subprocess.run([sys.executable, "-c", _PEAK_WITH_FILE_PAGES, str(tmp_path / "pages")],
                          capture_output=True, text=True, check=True)
     assert 2.5 < float(out.stdout) < 8, out.stdout
-
-
-def test_worker_reports_a_broken_job():
-    """A job the worker cannot run answers with its reason instead of crashing the benchmark."""
-    row = run_job(dict(kind="layer", backend="nope", spec={"name": "nope"}, tokens=16, dim=32, heads=2, batch=1,
-                       prefix=0, window=4, device="cpu", warmup=1, repeats=1, min_time=0.0), isolate=False)
-    assert row["status"].startswith("cannot build: unknown attention 'nope'"), row

@@ -1,4 +1,5 @@
-"""Peak memory of a benchmark phase, the CPU worker's memory cap, and out-of-memory detection."""
+"""Peak memory of a phase (training, evaluation, one benchmark job), a process's memory cap, and out-of-memory
+detection."""
 from __future__ import annotations
 
 import ctypes
