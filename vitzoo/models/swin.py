@@ -24,6 +24,7 @@ from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
+from vitzoo.layers.checkpointing import run_block
 from vitzoo.layers.token_reduction import REDUCTIONS, reduction_config
 from vitzoo.models.factory import check_ranges, register_model
 from vitzoo.models.vit import init_weights
@@ -46,10 +47,13 @@ class SwinConfig:
     drop_path_rate: float = 0.2  # stochastic depth, linearly increasing over all blocks
     norm_eps: float = 1e-5  # LayerNorm epsilon (Swin's and timm's: 1e-5; model.pretrained sets it from the source)
     token_reduction: Any = None  # must stay None: patch merging needs every token of the grid (ViT only)
+    grad_checkpointing: bool = False  # recompute each block in backward (training): less activation memory, more time
 
     def __post_init__(self):
         check_ranges(self)  # types and ranges first: nothing is allocated for a bad number
         self.depths, self.num_heads = list(self.depths), list(self.num_heads)
+        check(isinstance(self.grad_checkpointing, bool),
+              f"model.grad_checkpointing must be true or false (got {self.grad_checkpointing!r})")
         check(self.img_size % self.patch_size == 0,
               f"model.img_size ({self.img_size}) must be divisible by model.patch_size ({self.patch_size})")
         check(
@@ -144,10 +148,11 @@ class SwinStage(nn.Module):
             ]
         )
         self.downsample = PatchMerging(dim, cfg.norm_eps) if downsample else None
+        self.grad_checkpointing = cfg.grad_checkpointing  # checkpoint every block in training (timm's name)
 
     def forward(self, x: Tensor, grid: tuple[int, int]) -> tuple[Tensor, tuple[int, int]]:
         for blk in self.blocks:
-            x = blk(x, grid)
+            x = run_block(blk, x, grid, enabled=self.grad_checkpointing)
         if self.downsample is None:
             return x, grid
         return self.downsample(x, grid), PatchMerging.out_grid(grid)
@@ -235,6 +240,26 @@ class SwinTransformer(nn.Module):
         for stage in self.stages:
             x, grid = stage(x, grid)
         return self.norm(x)
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        """Whether every block runs its forward again in backward during training (timm's attribute)."""
+        return self.cfg.grad_checkpointing
+
+    @grad_checkpointing.setter
+    def grad_checkpointing(self, enable: bool) -> None:
+        self.set_grad_checkpointing(enable)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's switch for :attr:`grad_checkpointing`: in training, every block of every stage runs its
+        forward again in backward instead of keeping its activations (:mod:`vitzoo.layers.checkpointing`).
+
+        Args:
+            enable: checkpoint the blocks (False: keep every activation).
+        """
+        self.cfg.grad_checkpointing = bool(enable)
+        for stage in self.stages:
+            stage.grad_checkpointing = bool(enable)
 
     def forward_head(self, x: Tensor) -> Tensor:
         return self.head(self.head_drop(x.mean(dim=1)))

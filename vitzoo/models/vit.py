@@ -38,6 +38,7 @@ class ViTConfig:
     class_token: bool = True  # prepend a class token (a prefix token every backend handles)
     global_pool: str = "token"  # "token" (class token) or "avg" (mean of grid tokens)
     stem: str = "patch"  # "patch": one p×p convolution (ViT); "conv": 3×3 stride-2 convs + BatchNorm (Xiao et al.)
+    stem_full_res_convs: int = 0  # stem=conv: 3×3 stride-1 convs at full resolution before the stride-2 ones
     pos_embed: str = "learned"  # "learned" position embeddings, or "sincos": fixed 2-D sin-cos (Beyer et al.)
     attn_init: str = "default"  # "default": truncated normal; "mimetic": q/k/v like trained layers (Trockman & Kolter)
     window_size: int = 7  # natural window side for windowed backends that leave theirs null
@@ -59,6 +60,7 @@ class ViTConfig:
         )
         check(self.class_token or self.global_pool == "avg", "model.global_pool='token' needs model.class_token=true")
         check(self.stem in ("patch", "conv"), f"model.stem must be 'patch' or 'conv' (got {self.stem!r})")
+        check(self.stem == "conv" or self.stem_full_res_convs == 0, "model.stem_full_res_convs needs model.stem=conv")
         check(
             self.pos_embed in ("learned", "sincos"),
             f"model.pos_embed must be 'learned' or 'sincos' (got {self.pos_embed!r})",
@@ -88,7 +90,7 @@ class VisionTransformer(nn.Module):
         self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
         C = cfg.embed_dim
         if cfg.stem == "conv":
-            self.patch_embed = ConvStem(cfg.img_size, cfg.patch_size, cfg.in_chans, C)
+            self.patch_embed = ConvStem(cfg.img_size, cfg.patch_size, cfg.in_chans, C, cfg.stem_full_res_convs)
         else:
             self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, C, strict_img_size=False)
         self.grid = tuple(self.patch_embed.grid_size)
