@@ -18,6 +18,7 @@ from vitzoo.attention import MixerContext, attention_class, attention_config
 from vitzoo.attention.base import check
 from vitzoo.costs import layernorm_flops
 from vitzoo.layers.block import Block
+from vitzoo.layers.checkpointing import run_block
 from vitzoo.layers.mimetic import apply_mimetic_init
 from vitzoo.layers.stem import ConvStem, sincos_pos_embed
 from vitzoo.layers.token_reduction import attach_reducers, check_backend, reduction_config, sequence_grid
@@ -47,6 +48,7 @@ class ViTConfig:
     drop_path_rate: float = 0.1  # stochastic depth, linearly increasing over blocks
     norm_eps: float = 1e-5  # LayerNorm epsilon (timm's ViT/DeiT use 1e-6: model.pretrained sets it from the source)
     token_reduction: Any = None  # None, "tome", "evit", "tokenlearner" or {"name": ..., **options}
+    grad_checkpointing: bool = False  # recompute each block in backward (training): less activation memory, more time
 
     def __post_init__(self):
         check_ranges(self)  # types and ranges first: nothing is allocated for a bad number
@@ -60,6 +62,8 @@ class ViTConfig:
         )
         check(self.class_token or self.global_pool == "avg", "model.global_pool='token' needs model.class_token=true")
         check(self.stem in ("patch", "conv"), f"model.stem must be 'patch' or 'conv' (got {self.stem!r})")
+        check(isinstance(self.grad_checkpointing, bool),
+              f"model.grad_checkpointing must be true or false (got {self.grad_checkpointing!r})")
         check(self.stem == "conv" or self.stem_full_res_convs == 0, "model.stem_full_res_convs needs model.stem=conv")
         check(
             self.pos_embed in ("learned", "sincos"),
@@ -88,6 +92,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.attention_cfg = attention_config(self.natural_attention if attention is None else attention)
+        self.grad_checkpointing = cfg.grad_checkpointing  # timm's attribute: checkpoint every block in training
         C = cfg.embed_dim
         if cfg.stem == "conv":
             self.patch_embed = ConvStem(cfg.img_size, cfg.patch_size, cfg.in_chans, C, cfg.stem_full_res_convs)
@@ -166,10 +171,19 @@ class VisionTransformer(nn.Module):
         size = None if self.reduction is None else x.new_ones(x.shape[0], x.shape[1], 1)  # patches per token
         for blk in self.blocks:
             if blk.reducer is None:
-                x = blk(x, grid)
+                x = run_block(blk, x, grid, enabled=self.grad_checkpointing)
             else:  # fewer tokens after it: a sequence, grid (1, N − P)
                 x, grid, size = blk.reducer(blk, x, grid, size)
         return self.norm(x)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's switch for :attr:`grad_checkpointing`: in training, every block without a token reduction
+        runs its forward again in backward instead of keeping its activations (:mod:`vitzoo.layers.checkpointing`).
+
+        Args:
+            enable: checkpoint the blocks (False: keep every activation).
+        """
+        self.grad_checkpointing = self.cfg.grad_checkpointing = bool(enable)
 
     def forward_head(self, x: Tensor) -> Tensor:
         x = x[:, 0] if self.cfg.global_pool == "token" else x[:, self.num_prefix :].mean(dim=1)
