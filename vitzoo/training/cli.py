@@ -86,10 +86,13 @@ def check_numbers(args: Sequence[str]) -> None:
 
 
 def yaml_model_keys() -> set[str]:
-    """The keys every ``conf/model/*.yaml`` sets (a ``# @package _global_`` file under its ``model:``)."""
+    """The keys every variant's ``conf/model/*.yaml`` sets (a ``# @package _global_`` file under its ``model:``);
+    a preset (a file with a defaults list, e.g. ``vit_cifar_fast``) inherits its variant's keys and adds options."""
     keys: Optional[set[str]] = None
     for path in sorted((CONFIG_DIR / "model").glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
+        if "defaults" in data:
+            continue
         node = data.get("model", data) if "model" in data else data
         keys = set(node) if keys is None else keys & set(node)
     return keys or set()
