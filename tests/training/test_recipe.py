@@ -76,6 +76,28 @@ def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
     assert report["num_val_images"] == 6 and report["preprocessing"]["mean"] == list(cfg.data.mean)
 
 
+@pytest.mark.parametrize("model", ["vit_cifar_fast", "swin_cifar"])
+def test_fast_recipe_trains_its_vit_and_a_swin_in_its_place(tmp_path, model):
+    """experiment=cifar10_fast (through zoo_cifar10, as the ranking runs it): the ViT preset's stem, pooling and
+    position embeddings reach the model; model=swin_cifar replaces the preset whole and trains with the same
+    data and optimiser; the record names the experiment and holds the per-epoch curve."""
+    data = image_folder(tmp_path / "data", per_class=8, **FOLDER)
+    tiny = ["+model.depth=1", "+model.embed_dim=32", "+model.num_heads=2"] if model != "swin_cifar" else [
+        "+model.depths=[1]", "+model.num_heads=[2]", "+model.embed_dim=16", "+model.window_size=4"]
+    cfg = compose_cfg(["experiment=zoo_cifar10", f"model={model}", *tiny, *QUIET, f"data.root={data}",
+                       f"data.cache_dir={tmp_path / 'cache'}", "data.val_fraction=0.25", "trainer.max_epochs=2",
+                       "trainer.limit_train_batches=2", f"record_dir={tmp_path / 'records'}"],
+                      tmp_path / "run")
+    results = train(cfg)
+    assert results["status"] == "finished" and results["epochs"] == 2
+    [record] = (tmp_path / "records").rglob("seed0.json")
+    rec = json.loads(record.read_text())
+    assert rec["experiment"] == "zoo_cifar10" and len(rec["top1_per_epoch"]) == 2 and rec["batch_size"] == 64
+    net = torch.load(results["best_ckpt"], map_location="cpu", weights_only=True)["state_dict"]
+    stem = [k for k in net if k.startswith("net.patch_embed.convs.")]
+    assert bool(stem) == (model == "vit_cifar_fast")  # the conv stem only in the ViT preset
+
+
 def test_mixup_with_an_odd_batch_fails_before_training(tmp_path):
     from vitzoo.registry import ConfigError
 
