@@ -3,8 +3,8 @@
 Every top-level module and package of vitzoo has one place in :data:`ORDER` (no two share a tier) and imports only
 those before it, not even lazily inside a function, so the package graph has no cycle:
 
-registry < fileio < quiet < costs < configs < untrusted < measure < cpu_kernels < attention < layers < models
-< data < export < vitzoo (its ``__init__``) < flops < training < bench < train < eval
+registry < fileio < quiet < costs < configs < untrusted < measure < cpu_kernels < ops < attention < layers
+< models < data < export < vitzoo (its ``__init__``) < flops < training < bench < train < eval
 
 No module imports itself back through others; a private module (``_x.py``) is imported only inside its own
 package; ``vitzoo.flops`` counts by duck typing (``flops``/``flops_children``) and names no backbone or layer;
@@ -23,8 +23,9 @@ PACKAGE = ROOT / "vitzoo"
 # and bench; bench (benchmark runs, ranking, charts, GPU checks) may import training, never the other way
 ORDER = [
     "vitzoo.registry", "vitzoo.fileio", "vitzoo.quiet", "vitzoo.costs", "vitzoo.configs", "vitzoo.untrusted",
-    "vitzoo.measure", "vitzoo.cpu_kernels", "vitzoo.attention", "vitzoo.layers", "vitzoo.models", "vitzoo.data",
-    "vitzoo.export", "vitzoo", "vitzoo.flops", "vitzoo.training", "vitzoo.bench", "vitzoo.train", "vitzoo.eval",
+    "vitzoo.measure", "vitzoo.cpu_kernels", "vitzoo.ops", "vitzoo.attention", "vitzoo.layers", "vitzoo.models",
+    "vitzoo.data", "vitzoo.export", "vitzoo", "vitzoo.flops", "vitzoo.training", "vitzoo.bench", "vitzoo.train",
+    "vitzoo.eval",
 ]
 MAX_LINES = 400
 LONG_FILES: dict[str, str] = {}  # path -> why it may exceed MAX_LINES

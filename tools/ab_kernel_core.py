@@ -23,7 +23,7 @@ from revision import load_revision  # tools/ is the script's import path
 from vitzoo.measure.memory import _malloc_live
 from vitzoo.measure.timing import time_fns
 
-CORE = "vitzoo.attention.linear.feature_core"
+CORE = "vitzoo.ops.feature"
 
 
 def main() -> None:

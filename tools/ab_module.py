@@ -2,14 +2,14 @@
 on one attention layer or one model training step, in alternating blocks in one process.
 
 The revision's files are imported as separate modules; for the A blocks every vitzoo module that imported
-one of their functions or classes (``from vitzoo.attention.sparse.gather import block_attention``) is pointed at
+one of their functions or classes (``from vitzoo.ops.gather import block_attention``) is pointed at
 the revision's object of the same name, for the B blocks back at the working tree's. Both run the same
 weights on the same input with the benchmark's steady malloc thresholds. Prints the largest difference of
 the input gradient (layer) or of the parameter gradients (model), the median time of each side and the
 ratio per block pair (the machine's drift cancels in a ratio measured this way).
 
-    python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.sparse.gather --attention bigbird --tokens 4096
-    python tools/ab_module.py --rev HEAD~1 --module vitzoo.attention.dense.window_core \
+    python tools/ab_module.py --rev HEAD~1 --module vitzoo.ops.gather --attention bigbird --tokens 4096
+    python tools/ab_module.py --rev HEAD~1 --module vitzoo.ops.window \
         --model swin_cifar --attention window
 """
 
@@ -89,7 +89,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rev", default="HEAD", help="git revision of the A side")
     p.add_argument(
-        "--module", nargs="+", required=True, help="dotted vitzoo modules to swap (e.g. vitzoo.attention.sparse.gather)"
+        "--module", nargs="+", required=True, help="dotted vitzoo modules to swap (e.g. vitzoo.ops.gather)"
     )
     p.add_argument("--attention", default="global", help="attention backend")
     p.add_argument("--model", default=None, help="time a model's training step (e.g. swin_cifar) instead of one layer")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 
 def load_revision(module: str, rev: str) -> ModuleType:
-    """Dotted module ``module`` (e.g. ``vitzoo.attention.sparse.gather``) as it is at git revision ``rev``, imported
+    """Dotted module ``module`` (e.g. ``vitzoo.ops.gather``) as it is at git revision ``rev``, imported
     under a separate name (the working tree's module stays what ``import`` gives).
 
     Raises:

@@ -278,10 +278,11 @@ def test_window_blocks_call_fused_sdpa(grid, shifted, prefix, monkeypatch):
     training on CPU the learned bias needs a mask gradient, which only the math kernel gives; on CUDA the
     memory-efficient kernel takes it, also only for 4-D inputs.)"""
     import vitzoo.attention.dense.window as window
+    from vitzoo.ops import dispatch
 
     attn = make_attention("window", grid, prefix, shifted=shifted)
     dims = []
-    monkeypatch.setattr(window, "core_applies", lambda qkv, p, n: False)
+    monkeypatch.setitem(dispatch.TABLE, "window_attention", (("sdpa", lambda *a: True),))
 
     def recording_sdpa(q, k, v, attn_mask=None, dropout_p=0.0):
         dims.append((q.dim(), k.dim(), v.dim(), attn_mask.dim()))

@@ -1,5 +1,5 @@
 """vitzoo's compiled block-attention kernel (vitzoo/cpu_kernels/csrc/block_attention.cpp) against the PyTorch path
-of :func:`vitzoo.attention.sparse.gather.block_attention`.
+of :func:`vitzoo.ops.gather.block_attention`.
 
 The dense masked references of every sparse backend run through the kernel in tests/attention/test_registry.py and
 tests/attention/sparse/test_sparse_patterns.py; here the kernel and the PyTorch path
@@ -15,8 +15,8 @@ import pytest
 import torch
 from conftest import require_cpu_kernel
 
-from vitzoo.attention.sparse import gather
 from vitzoo.cpu_kernels import block_kernel, loader
+from vitzoo.ops import gather
 
 
 def test_keep_layout_is_transposed_broadcast_and_padded():

@@ -1,5 +1,5 @@
 """vitzoo's compiled random-feature kernel (vitzoo/cpu_kernels/csrc/feature_attention.cpp) against the PyTorch path
-of :mod:`vitzoo.attention.linear.feature_core`: performer's ``"exp"`` map and rfa's ``"fourier"`` map.
+of :mod:`vitzoo.ops.feature`: performer's ``"exp"`` map and rfa's ``"fourier"`` map.
 
 The per-head references (``favor_features``, ``fourier_features`` and the explicit kernel matrix) run through the
 kernel in tests/attention/linear/test_feature_map_attention.py and tests/attention/test_registry.py;
@@ -17,8 +17,8 @@ import torch
 from conftest import require_cpu_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitzoo.attention.linear import feature_core
 from vitzoo.cpu_kernels import feature_kernel, loader
+from vitzoo.ops import feature as feature_core
 
 STEM = feature_kernel.STEM
 KINDS = ["exp", "fourier"]

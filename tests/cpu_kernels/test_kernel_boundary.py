@@ -117,7 +117,7 @@ def test_block_kernel_keeps_nan():
 def test_feature_kernel_keeps_nan(kind, monkeypatch):
     """A NaN in one query gives that row NaN on the kernel and the PyTorch path alike; the others are finite."""
     require_cpu_kernel(feature_kernel.STEM)
-    from vitzoo.attention.linear import feature_core
+    from vitzoo.ops import feature as feature_core
     qkv, omega, scale = _feature_args(kind)
     qkv[0, 3, 0] = float("nan")  # query 3, head 0
     outs = []

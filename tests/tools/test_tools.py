@@ -103,7 +103,7 @@ def test_ab_module_swaps_a_revision_of_a_module_into_its_importers():
         "--steps",
         "1",
     ]
-    out = subprocess.run(cmd + ["--module", "vitzoo.attention.sparse.gather"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(cmd + ["--module", "vitzoo.ops.gather"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "vitzoo.attention.sparse.pattern.block_attention" in out.stdout and "B faster by" in out.stdout
     bad = subprocess.run(cmd + ["--module", "vitzoo.no_such_module"], cwd=ROOT, capture_output=True, text=True)

@@ -1,6 +1,7 @@
 """Helpers shared across the attention families: the dense softmax reference, the SDPA call and its cost,
-token resampling for fixed-length mixers, (image, head) chunking of the CPU cores, and whether sizes that
-follow the data may be read from it (:func:`fixed_sizes`).
+token resampling for fixed-length mixers, and whether sizes that follow the data may be read from it
+(:func:`fixed_sizes`). The fast paths' helpers (chunking of the CPU cores, the exp2 scale) are in
+:mod:`vitzoo.ops.common`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention.base import Grid
-from vitzoo.cpu_kernels import tracing
+from vitzoo.ops.common import tracing
 
 _COUNTING = [False]  # inside counting_trace()
 
@@ -69,13 +70,6 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor] =
     return scores.softmax(dim=-1) @ v
 
 
-# exp(x) = 2^(x·log2 e): the CPU kernels (window, block and kernel attention) fold log2 e into a scale they
-# apply anyway and call exp2_. torch's CPU exp (MKL's vector exp) is 1.8x slower than exp2 on ordinary inputs,
-# 4-5x on -inf (masked scores) and ~30x on inputs that underflow (Swin's -100 mask); exp2 has no such
-# slow path (2-core AMD EPYC, Zen 2).
-LOG2E = math.log2(math.e)
-
-
 def sdpa_flops(batch: int, heads: int, nq: int, nk: int, d: int, dv: Optional[int] = None) -> int:
     """MACs of ``softmax(QKᵀ)V``: ``QKᵀ`` is nq·nk·d, ``AV`` is nq·nk·dv, per batch and head."""
     return batch * heads * nq * nk * (d + (dv if dv is not None else d))
@@ -89,24 +83,3 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dr
     """
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return out + q.sum(dim=-1, keepdim=True) * 0
-
-
-CHUNK_ELEMENTS = 1 << 18  # features per chunk and CPU thread (1 MB in float32): cache-sized
-
-
-def chunk_budget(scale: int = 1) -> int:
-    """Features per chunk: ``scale`` × :data:`CHUNK_ELEMENTS` per thread, so that each op keeps every thread busy."""
-    return CHUNK_ELEMENTS * scale * max(1, torch.get_num_threads())
-
-
-def head_chunks(B: int, h: int, per_pair: int, device: torch.device, scale: int = 1) -> list[tuple[slice, slice]]:
-    """(image, head) index blocks of about :func:`chunk_budget` features; one block on accelerators,
-    under ``torch.compile``/``torch.export`` and tracing (the loop would fix the batch size)."""
-    if device.type != "cpu" or tracing():
-        return [(slice(None), slice(None))]
-    budget = chunk_budget(scale)
-    if per_pair * h <= budget:  # several images with all their heads
-        bc = max(1, budget // (per_pair * h))
-        return [(slice(b, b + bc), slice(None)) for b in range(0, B, bc)]
-    hc = max(1, budget // per_pair)  # heads of one image
-    return [(slice(b, b + 1), slice(j, j + hc)) for b in range(B) for j in range(0, h, hc)]

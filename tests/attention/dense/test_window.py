@@ -24,8 +24,9 @@ import pytest
 import torch
 
 import vitzoo
+import vitzoo.ops.dispatch
+import vitzoo.ops.window
 from vitzoo.attention import MixerContext, build_attention
-from vitzoo.attention.dense.window import window_index
 
 M = 4
 # (grid, prefix tokens): divisible, padded by M/2 (6 = 4 + 2, 10 = 8 + 2), padded by other amounts (7 = 4 + 3,
@@ -141,9 +142,9 @@ def test_output_equals_dense_oracle(grid, prefix, shifted, path, monkeypatch):
     """Both paths (the CPU core; SDPA, which CUDA, dropout, tracing and small inference calls take) give the
     oracle's output."""
     if path == "sdpa":
-        monkeypatch.setattr(vitzoo.attention.dense.window, "core_applies", lambda qkv, p, n: False)
+        monkeypatch.setitem(vitzoo.ops.dispatch.TABLE, "window_attention", (("sdpa", lambda *a: True),))
     else:
-        monkeypatch.setattr(vitzoo.attention.dense.window_core, "INFER_MIN_WINDOW_HEADS", 0)
+        monkeypatch.setattr(vitzoo.ops.window, "INFER_MIN_WINDOW_HEADS", 0)
     attn = window_mixer(grid, prefix, shifted)
     torch.manual_seed(2)
     x = torch.randn(2, prefix + grid[0] * grid[1], 16, dtype=torch.float64)
@@ -151,61 +152,6 @@ def test_output_equals_dense_oracle(grid, prefix, shifted, path, monkeypatch):
         expected = oracle_attention(attn, x, grid, prefix, shifted)
         torch.testing.assert_close(attn(x, grid), expected, rtol=0, atol=1e-10)
         torch.testing.assert_close(attn.reference(x, grid), expected, rtol=0, atol=1e-10)
-
-
-@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
-@pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_block", "blocks"])
-@pytest.mark.parametrize("masked", [False, True], ids=["bias", "bias_mask_padding_prefix"])
-def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
-    """Hand-written backward of WindowCore (q/k/v and bias gradients) against finite differences (float64), with the
-    probabilities recomputed from the log-sum-exp or kept from forward. The windows read shuffled tokens; with the
-    mask also padding slots (masked as keys) and a prefix token."""
-    from vitzoo.attention.dense import window_core
-
-    monkeypatch.setattr(window_core, "SCORE_ELEMENTS", chunk)
-    monkeypatch.setattr(window_core, "_keeps_probs", lambda T, head_dim: keep)
-    torch.manual_seed(0)
-    B, h, d, nw, m2 = 2, 2, 3, 3, 4
-    prefix, padding = (1, 2) if masked else (0, 0)
-    n = nw * m2 - padding  # grid tokens
-    slots = torch.full((nw * m2,), -1)
-    slots[torch.randperm(nw * m2)[:n]] = prefix + torch.arange(n)
-    index = torch.cat([torch.arange(prefix).expand(nw, prefix), slots.view(nw, m2)], dim=1)  # [nW, T]
-    T = prefix + m2
-    qkv = torch.randn(B, prefix + n, 3 * h * d, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(h, T, T, dtype=torch.float64, requires_grad=True)
-    mask = None
-    if masked:
-        blocked = (torch.rand(nw, T, T) < 0.4) | (index < 0)[:, None, :]  # padding slots are never keys
-        mask = torch.zeros(nw, T, T, dtype=torch.float64).masked_fill(blocked, float("-inf"))
-        mask.diagonal(dim1=1, dim2=2).zero_()  # no all-masked row
-    core = window_core.WindowCore.apply
-    assert torch.autograd.gradcheck(lambda a, b: core(a, index, prefix, b, mask, h, d ** -0.5), (qkv, bias))
-
-
-@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept"])
-@pytest.mark.parametrize("chunk", [1 << 20, 40], ids=["one_block", "blocks"])
-def test_window_core_plain_partition(chunk, keep, monkeypatch):
-    """A plain partition (no shift, padding or prefix) read through strided views (``partition``) gives the
-    gathered path's outputs and gradients, and finite differences agree with its backward (float64); with small
-    blocks they hold whole rows of windows."""
-    from vitzoo.attention.dense import window_core
-
-    monkeypatch.setattr(window_core, "SCORE_ELEMENTS", chunk)
-    monkeypatch.setattr(window_core, "_keeps_probs", lambda T, head_dim: keep)
-    torch.manual_seed(0)
-    (H, W), window, h, d = (4, 6), 2, 2, 3
-    index, _ = window_index((H, W), window, 0, 0)  # [nW, M²]
-    qkv = torch.randn(2, H * W, 3 * h * d, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(h, window ** 2, window ** 2, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(2, H * W, h * d, dtype=torch.float64)
-    core = window_core.WindowCore.apply
-    plain = core(qkv, index, 0, bias, None, h, d ** -0.5, (H, W, window))
-    gathered = core(qkv, index, 0, bias, None, h, d ** -0.5)
-    torch.testing.assert_close(plain, gathered, rtol=0, atol=1e-12)
-    for a, b in zip(torch.autograd.grad(plain, (qkv, bias), g), torch.autograd.grad(gathered, (qkv, bias), g)):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda a, b: core(a, index, 0, b, None, h, d ** -0.5, (H, W, window)), (qkv, bias))
 
 
 @pytest.mark.parametrize("shifted", [False, True], ids=["W-MSA", "SW-MSA"])
@@ -288,17 +234,3 @@ def test_logits_match_timm_swin_on_copied_weights(variant, overrides, batch):
     assert ours.shape == (batch, model.cfg.num_classes)
     assert ours.std() > 1e-3  # the comparison is not between two constants
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
-
-
-def test_core_applies_by_mode_and_size():
-    """The CPU core runs every training call, and inference calls of at least INFER_MIN_WINDOW_HEADS windows ×
-    heads; dropout goes to SDPA."""
-    from vitzoo.attention.dense.window_core import INFER_MIN_WINDOW_HEADS, core_applies
-
-    qkv = torch.zeros(2, 16, 24)
-    with torch.no_grad():
-        assert core_applies(qkv, 0.0, INFER_MIN_WINDOW_HEADS // 2)
-        assert not core_applies(qkv, 0.0, INFER_MIN_WINDOW_HEADS // 2 - 1)
-    training = qkv.requires_grad_()
-    assert core_applies(training, 0.0, 1)
-    assert not core_applies(training, 0.1, INFER_MIN_WINDOW_HEADS)

@@ -15,6 +15,7 @@ from torch.nn.attention.flex_attention import create_mask
 from vitzoo.attention import ConfigError, attention_config
 from vitzoo.attention.sparse import flex as flex_impl
 from vitzoo.attention.sparse.pattern import SparsePatternAttention
+from vitzoo.ops import select
 
 FIXED = backends(base=SparsePatternAttention)
 
@@ -100,14 +101,6 @@ def test_impl_is_validated_and_in_the_yaml(name):
         attention_config({**attention_yaml(name), "impl": "fused"})
 
 
-def test_auto_picks_flex_on_cuda_only():
-    assert flex_impl.resolve_impl("auto", "cpu") == "blocked"
-    assert flex_impl.resolve_impl("auto", "cuda") == "flex"
-    assert flex_impl.resolve_impl("auto", "cuda", training=True, attn_drop=0.1) == "blocked"  # flex has no dropout
-    assert flex_impl.resolve_impl("blocked", "cuda") == "blocked"
-    assert flex_impl.resolve_impl("flex", "cpu") == "flex"  # forward only
-
-
 def test_auto_runs_blocked_on_cpu_training(one_thread, monkeypatch):
     attn = make_attention("local", (6, 6), 1)  # the YAML default: auto
     monkeypatch.setattr(flex_impl, "run_flex", lambda *a, **k: pytest.fail("flex on CPU under auto"))
@@ -122,7 +115,7 @@ def test_flex_where_it_cannot_run_is_a_one_line_error(one_thread):
     with torch.no_grad():
         assert attn(x, (6, 6)).shape == x.shape  # forward only is fine
     with pytest.raises(ConfigError, match=r"attention\.impl=flex has no attention dropout"):
-        flex_impl.resolve_impl("flex", "cuda", training=True, attn_drop=0.1)
+        select("sparse_pattern", "flex", "cuda", True, 0.1)
 
 
 def test_flops_do_not_depend_on_impl():

@@ -25,7 +25,7 @@ from conftest import make_attention, use_cpu_kernel
 from helpers import heads_apart, pattern_mismatch, reached_keys
 
 from vitzoo.attention.sparse import flex as flex_impl
-from vitzoo.attention.sparse import gather
+from vitzoo.ops import gather
 
 DIM = 16
 PATHS = ["kernel", "pytorch", "flex", "reference"]  # backends without a relative position bias

@@ -14,10 +14,10 @@ from torch.utils.checkpoint import checkpoint
 
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, build_attention
-from vitzoo.attention.sparse import gather
 from vitzoo.attention.sparse.geometry import axis_index, fit_dilation, neighbourhood_index
 from vitzoo.attention.sparse.pattern import SparsePatternAttention
 from vitzoo.flops import evaluate_formula, flop_analysis
+from vitzoo.ops import gather
 
 SPARSE = backends("sparse", SparsePatternAttention)  # from the registry: local, dilated, global_tokens, ...
 NO_GLOBAL_HEADS = {"patterns": [["local", None], ["dilated", 1]]}

@@ -1,3 +1,3 @@
 """Dense softmax attention: ``global`` (every token attends to every token) and ``window`` (Swin's
-(shifted) windows, with its fused CPU core in :mod:`.window_core`).
+(shifted) windows, whose fused CPU core is :mod:`vitzoo.ops.window`).
 """

@@ -31,8 +31,9 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
-from vitzoo.attention.dense.window_core import core_applies, window_core
 from vitzoo.attention.functional import dense_attention, sdpa
+from vitzoo.ops import dispatch
+from vitzoo.ops.window import window_core
 
 
 @dataclass
@@ -188,7 +189,7 @@ class WindowAttention(QKVAttention):
         The q/k/v projection takes the tokens in their order (it saves ``x`` itself for its weight
         gradient) and the output projection the windows' outputs back in token order. On the CPU without
         attention dropout (training, or inference of enough windows: eager)
-        :func:`~vitzoo.attention.dense.window_core.window_core` reads the windows' q/k/v block by block;
+        :func:`~vitzoo.ops.window.window_core` reads the windows' q/k/v block by block;
         elsewhere (CUDA,
         dropout, tracing, compiling, small inference calls) :meth:`attend_windows` does it with SDPA.
         """
@@ -198,7 +199,7 @@ class WindowAttention(QKVAttention):
         qkv = self.qkv(x)  # [B, N, 3C]
         bias = self.position_bias()  # [h, T, T]
         p = self.attn_drop.p if self.training else 0.0
-        if core_applies(qkv, p, gather.shape[0] * self.num_heads):
+        if dispatch.select("window_attention", qkv, p, gather.shape[0] * self.num_heads) == "cpu_core":
             out = window_core(
                 qkv, gather, self.num_prefix, bias, mask, self.num_heads, self.scale, self.plain_partition(grid)
             )  # [B, N, C]

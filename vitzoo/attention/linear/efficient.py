@@ -15,7 +15,7 @@ from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
-from vitzoo.attention.linear.efficient_core import efficient_attention_qkv
+from vitzoo.ops.efficient import efficient_attention_qkv
 
 
 @dataclass

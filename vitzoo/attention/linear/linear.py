@@ -21,12 +21,12 @@ from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
-from vitzoo.attention.linear.feature_core import feature_attention_qkv
 from vitzoo.attention.linear.feature_map import (
     feature_map_attention,
     feature_map_attention_flops,
     feature_map_attention_quadratic,
 )
+from vitzoo.ops.feature import feature_attention_qkv
 
 
 def elu_features(x: Tensor) -> Tensor:

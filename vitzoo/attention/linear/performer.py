@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import MixerContext
 from vitzoo.attention.linear.random_features import RandomFeatureAttention, check_random_features
+from vitzoo.ops.exp_shift import ExpShift
 
 NORMALISER_FLOOR = 1e-6  # φ(q)ᵀΣφ(k) is clamped to at least this (it could underflow to 0)
 
@@ -61,26 +61,6 @@ def favor_features(x: Tensor, omega: Tensor, is_query: bool) -> Tensor:
     if not is_query:
         top = top.amax(dim=-2, keepdim=True)  # one constant per (image, head) for keys [B, h, 1, 1]
     return ExpShift.apply(proj, half_sq + top)  # largest feature is exactly 1
-
-
-class ExpShift(torch.autograd.Function):
-    """``exp(proj - shift)`` for ``proj[..., N, m]`` and ``shift[..., N, 1]`` in two passes over N×m.
-
-    Autograd's version also writes ``-grad`` for the broadcast subtraction; here the shift's gradient
-    is the row sum of the projection's gradient, and the forward works in place on a fresh tensor.
-    """
-
-    @staticmethod
-    def forward(ctx, proj: Tensor, shift: Tensor) -> Tensor:
-        phi = (proj - shift).exp_()
-        ctx.save_for_backward(phi)
-        return phi
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
-        (phi,) = ctx.saved_tensors
-        grad_proj = grad * phi  # d exp(u) = exp(u) du
-        return grad_proj, -grad_proj.sum(dim=-1, keepdim=True)
 
 
 @register_attention("performer", PerformerConfig)

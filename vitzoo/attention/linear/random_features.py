@@ -7,7 +7,7 @@ from outside ``forward``: the training loop calls :func:`vitzoo.attention.before
 ``forward`` has no Python-side state and ``torch.compile`` traces it once. The draw depends only on
 ``(layer_index, step // redraw_interval)``, so every data-parallel rank draws the same features and a
 checkpoint (which stores the step count) resumes the same sequence of draws. :class:`RandomFeatureAttention`
-holds the feature buffer, the fast and reference attention (:mod:`.feature_map`, :mod:`.feature_core`) and
+holds the feature buffer, the fast and reference attention (:mod:`.feature_map`, :mod:`vitzoo.ops.feature`) and
 the cost; a backend adds its feature map.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_non_negative, check_positive
-from vitzoo.attention.linear.feature_core import feature_attention_qkv
 from vitzoo.attention.linear.feature_map import (
     feature_map_attention,
     feature_map_attention_flops,
     feature_map_attention_quadratic,
 )
+from vitzoo.ops.feature import feature_attention_qkv
 
 
 def orthogonal_gaussian(rows: int, dim: int, generator: torch.Generator) -> Tensor:
@@ -113,7 +113,7 @@ class RandomFeatureAttention(QKVAttention):
     ``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` with the normaliser clamped to ``eps``. Subclasses implement
     :meth:`feature_map` (for :meth:`attend` and the reference) and name the same map for the fast
     :meth:`forward` (:attr:`feature_kind`, :meth:`feature_scale`, :meth:`feature_factor`; see
-    :mod:`vitzoo.attention.linear.feature_core`, which recomputes the features in backward),
+    :mod:`vitzoo.ops.feature`, which recomputes the features in backward),
     and set :attr:`features_per_row` (features φ makes from one row of ``ω``)
     and :attr:`feature_symbol` (the name of m in :attr:`formula`).
 

@@ -37,8 +37,8 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive_number
-from vitzoo.attention.linear.feature_core import feature_attention_qkv
 from vitzoo.attention.linear.random_features import RandomFeatureAttention, check_random_features
+from vitzoo.ops.feature import feature_attention_qkv
 
 FEATURE_MAPS = ("positive", "trig")  # values of attention.feature_map
 
@@ -114,7 +114,7 @@ class RFAAttention(RandomFeatureAttention):
         trig = cfg.feature_map == "trig"
         # trig: one ω [D, d] per head; positive: one ω [D, d] shared by the heads
         super().__init__(cfg, ctx, lead=(ctx.num_heads,) if trig else (), eps=cfg.eps if trig else None)
-        self.feature_kind = "fourier" if trig else "exp"  # the fast path's map (feature_core)
+        self.feature_kind = "fourier" if trig else "exp"  # the fast path's map (vitzoo.ops.feature)
         self.features_per_row = 2 if trig else 1  # trig: a sin and a cos feature per direction
         if trig:
             self.formula = self.trig_formula

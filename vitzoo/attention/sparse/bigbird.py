@@ -28,7 +28,7 @@ computed (w = 3, r = 2, t = 2: each query scores 96 keys besides the global ones
 seen, instead of 44 at t = 1, but the matmuls are 4× larger and K, V are gathered 6 times
 instead of 11: faster). Tiles of global blocks only are skipped; a tile's other global blocks
 are computed with it and their outputs replaced by the global rows. The tiles run through
-:func:`vitzoo.attention.sparse.gather.block_attention`: on the CPU vitzoo's compiled kernel, one task per
+:func:`vitzoo.ops.gather.block_attention`: on the CPU vitzoo's compiled kernel, one task per
 (image, head) over its tiles' t²b² queries and G + P + b²·((t + w - 1)² + t²r) keys; elsewhere fused
 SDPA calls over chunks of tiles, ``[B, h·tiles, t²b², G + P + b²·((t + w - 1)² + t²r)]``; never
 ``[B, h, N, N]``.
@@ -45,10 +45,10 @@ from torch import Tensor
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
 from vitzoo.attention.sparse import flex
-from vitzoo.attention.sparse.gather import global_mask
 from vitzoo.attention.sparse.geometry import check_odd_kernel, neighbourhood_index, neighbourhood_mask
 from vitzoo.attention.sparse.halo import axis_plan
 from vitzoo.attention.sparse.pattern import HeadGroup, SparsePattern, SparsePatternAttention, block_count, raster_ids
+from vitzoo.ops.gather import global_mask
 
 
 @dataclass

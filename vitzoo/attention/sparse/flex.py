@@ -19,6 +19,8 @@ Kernels", arXiv 2024, https://arxiv.org/abs/2412.05496 (``torch.nn.attention.fle
 * ``auto`` (default): ``flex`` on CUDA, ``blocked`` elsewhere; also ``blocked`` while training
   with attention dropout, which FlexAttention does not have.
 
+The choice for one call is ``sparse_pattern`` in :mod:`vitzoo.ops.dispatch`.
+
 Limits: FlexAttention has no attention-weight dropout, and in torch 2.14 no backward on CPU.
 ``impl: flex`` in those cases is a one-line :class:`~vitzoo.registry.ConfigError` naming
 ``attention.impl`` (no silent fallback). Without ``torch.compile`` (CPU here) flex_attention runs
@@ -40,8 +42,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from vitzoo.attention.base import Grid, check
 from vitzoo.attention.sparse.geometry import Neighbourhood, axis_mask
-
-IMPLS = ("auto", "blocked", "flex")  # the one list of attention.impl values
+from vitzoo.ops.dispatch import IMPLS
 
 GridMod = Callable[[Tensor, Tensor, Tensor], Tensor]  # (head, grid query, grid key) -> bool or additive score
 
@@ -52,30 +53,6 @@ _COMPILED: Optional[Callable] = None
 def check_impl(cfg: Any) -> None:
     """Config check of ``attention.impl`` (one of :data:`IMPLS`)."""
     check(cfg.impl in IMPLS, f"attention.impl must be one of {', '.join(IMPLS)} (got {cfg.impl!r})")
-
-
-def resolve_impl(impl: str, device: Any, training: bool = False, attn_drop: float = 0.0,
-                 needs_grad: bool = False) -> str:
-    """``"flex"`` or ``"blocked"``: what ``attention.impl`` means for one forward call.
-
-    Args:
-        impl: ``auto``, ``blocked`` or ``flex``.
-        device: device of the inputs.
-        training: the module is in training mode.
-        attn_drop: dropout probability on the attention weights.
-        needs_grad: autograd will need a backward through the attention.
-    """
-    device = torch.device(device)
-    dropout = training and attn_drop > 0
-    if impl == "auto":
-        return "flex" if device.type == "cuda" and not dropout else "blocked"
-    if impl == "flex":
-        check(not dropout, f"attention.impl=flex has no attention dropout (model.attn_drop_rate={attn_drop}); "
-                           f"use attention.impl=auto or blocked, or attn_drop_rate=0")
-        check(device.type == "cuda" or not needs_grad,
-              f"attention.impl=flex has no backward on {device.type} in torch {torch.__version__} "
-              f"(forward only); train with attention.impl=auto or blocked")
-    return impl
 
 
 def axis_tables_mod(rows: Tensor, cols: Tensor, width: int) -> GridMod:

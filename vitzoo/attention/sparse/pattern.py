@@ -8,7 +8,7 @@ buffers (:class:`SparsePattern`) and the forward pass only gathers and multiplie
   ``multi_pattern``'s local/dilated heads) run blocked (halo) attention (:mod:`vitzoo.attention.sparse.halo`):
   b×b query blocks attend to their halo of K keys with an exact boolean mask. BigBird's Q blocks
   of S queries share one list of K keys per head, gathered from the keys of every token. Both run
-  as fused SDPA calls over chunks of blocks (:func:`vitzoo.attention.sparse.gather.block_attention`),
+  as fused SDPA calls over chunks of blocks (:func:`vitzoo.ops.gather.block_attention`),
   whose backward gathers the blocks again and recomputes their probabilities (saved: the log-sum-exp).
   ``attention.impl=flex`` runs the same pattern through FlexAttention (:mod:`vitzoo.attention.sparse.flex`).
 * G global keys are seen by every query: the prefix tokens (ViT's class token), learned global
@@ -41,8 +41,10 @@ from torch import Tensor, nn
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention
 from vitzoo.attention.functional import dense_attention, sdpa, sdpa_flops
 from vitzoo.attention.sparse import flex
-from vitzoo.attention.sparse.gather import block_attention, head_parts, select_rows, split_prefix
-from vitzoo.attention.sparse.halo import HaloGroup, halo_attention, halo_flops
+from vitzoo.attention.sparse.halo import HaloGroup, halo_flops
+from vitzoo.ops import dispatch
+from vitzoo.ops.gather import block_attention, head_parts, select_rows, split_prefix
+from vitzoo.ops.halo import halo_attention
 
 
 class HeadGroup(nn.Module):
@@ -218,7 +220,8 @@ class SparsePatternAttention(QKVAttention):
                 then its queries); None: every row uses q, k, v.
         """
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if flex.resolve_impl(self.cfg.impl, q.device, self.training, self.attn_drop.p, needs_grad) == "flex":
+        impl = dispatch.select("sparse_pattern", self.cfg.impl, q.device, self.training, self.attn_drop.p, needs_grad)
+        if impl == "flex":
             return self.attend_flex(q, k, v, grid, kv_glob)
         pat = self.pattern_at(grid, q.device)
         assert kv_glob is None or not pat.num_global_grid, "qkv_global covers prefix and learned rows only"

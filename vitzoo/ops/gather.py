@@ -10,7 +10,7 @@ gathers them with ``index_select`` and runs one fused SDPA call per chunk of blo
 against ``[B, c·n, G + K, d]``. Scores ``[B, h, N, N]`` never exist. In training the gathered
 keys/values and the probabilities are recomputed in backward instead of being stored. Used by
 BigBird's block groups through :class:`vitzoo.attention.sparse.pattern.SparsePatternAttention` and by the
-halo groups (:mod:`vitzoo.attention.sparse.halo`).
+halo groups (:mod:`vitzoo.ops.halo`). Which path runs a call is ``block_attention`` in :mod:`vitzoo.ops.dispatch`.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from vitzoo.attention.functional import LOG2E, tracing
 from vitzoo.cpu_kernels import block_kernel
+from vitzoo.ops import dispatch
+from vitzoo.ops.common import LOG2E, tracing
 
 
 def global_mask(mask: Tensor, num_global: int) -> Tensor:
@@ -89,13 +90,13 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     Returns:
         ``[B, c, L_out, d]``, or ``[B, c, n·S, d]`` in block order.
     """
-    if torch.is_grad_enabled() and not torch.jit.is_tracing() and any(t.requires_grad for t in (q, k, v)):
-        same = all(t is None or t.dtype == q.dtype for t in (k, v, k_glob, v_glob))
-        if q.device.type == "cpu" and p_drop == 0.0 and same and not torch.is_autocast_enabled("cpu"):
-            return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
+    path = dispatch.select("block_attention", q, k, v, k_glob, v_glob, p_drop)
+    if path == "autograd_function":
+        return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
+    if path == "checkpoint":
         return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
                           use_reentrant=False)
-    if p_drop == 0.0 and block_kernel.usable(q, k, v, k_glob, v_glob):  # inference
+    if path == "cpu_kernel":  # inference
         return _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)[0]
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
@@ -274,7 +275,7 @@ class _BlockSDPA(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
                 q_ids: Tensor, k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float) -> Tensor:
-        ctx.kernel = block_kernel.usable(q, k, v, k_glob, v_glob)
+        ctx.kernel = dispatch.select("block_function", q, k, v, k_glob, v_glob) == "cpu_kernel"
         ctx.scale = scale
         if ctx.kernel:  # the compiled kernel (one task per image and head)
             out, lse = _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)

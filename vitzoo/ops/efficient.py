@@ -4,16 +4,17 @@ autograd node.
 Paper: Shen et al., "Efficient Attention: Attention with Linear Complexities", WACV 2021,
 https://arxiv.org/abs/1812.01243.
 
-As :mod:`vitzoo.attention.linear.feature_core` does for kernel feature maps: saves ``qkv`` and the small context
+As :mod:`vitzoo.ops.feature` does for kernel feature maps: saves ``qkv`` and the small context
 ``ρk(K)ᵀV`` ``[B, h, d, d]``, recomputes the two softmaxes in backward, and works through (image, head)
-chunks of about :data:`~vitzoo.attention.functional.CHUNK_ELEMENTS` elements per thread.
+chunks of about :data:`~vitzoo.ops.common.CHUNK_ELEMENTS` elements per thread.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from vitzoo.attention.functional import head_chunks
+from vitzoo.ops.common import head_chunks
+from vitzoo.ops.dispatch import select
 
 
 class EfficientAttentionCore(torch.autograd.Function):
@@ -77,6 +78,6 @@ def efficient_attention_qkv(qkv: Tensor, heads: int) -> Tensor:
         qkv: q, k and v side by side, heads ``[h, d]`` within each.
         heads: h.
     """
-    if torch.jit.is_tracing():
+    if select("fused_qkv") == "plain_forward":
         return efficient_forward(qkv, heads)[0]
     return EfficientAttentionCore.apply(qkv, heads)

@@ -1,5 +1,6 @@
 """Window attention on the CPU: ``softmax(QKᵀ/√d + bias + mask)V`` per window in one autograd node (training),
-or the same forward keeping nothing (inference of enough windows: :func:`core_applies`).
+or the same forward keeping nothing (inference of enough windows: ``window_attention`` in
+:mod:`vitzoo.ops.dispatch`).
 
 SDPA with the learned relative position bias as its mask takes the math kernel on the CPU (only it
 gives the mask a gradient), which stores the ``[B·nW, h, T, T]`` probabilities and contiguous copies of
@@ -12,7 +13,7 @@ probabilities in backward (windows no longer than a head is wide keep them inste
 adds the q/k/v gradients into one ``[B, N, 3C]`` buffer. Windows that just tile the grid (no shift, padding or
 prefix) are read and written through strided views (:class:`_GridSlots`), the others through their rows
 (:class:`_GatheredSlots`). Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
-(:data:`~vitzoo.attention.functional.LOG2E`). Both passes work through blocks of windows whose scores stay cache-sized
+(:data:`~vitzoo.ops.common.LOG2E`). Both passes work through blocks of windows whose scores stay cache-sized
 (:data:`SCORE_ELEMENTS`). Autocast is off inside: the matmuls take q, k, v in
 their dtype (bfloat16 under autocast, as timm's Swin computes them), scores, probabilities and the
 log-sum-exp are float32 (float64 stays float64); gradients come back in the inputs' dtypes.
@@ -24,7 +25,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
-from vitzoo.attention.functional import LOG2E, tracing
+from vitzoo.ops.common import LOG2E
 
 # Inference runs the core from this many windows × heads per call (B·nW·h) on: below it the core's fixed cost
 # (about 0.25 ms a call on a 2-core AMD EPYC, Zen 2: strided copies and a few more ops) outweighs what it saves,
@@ -32,16 +33,6 @@ from vitzoo.attention.functional import LOG2E, tracing
 # about 1.55 at 32-64 window-heads, 1.09 at 512, 0.98-1.01 at 1,024, 0.96 at 2,048 (stage 2, one unmasked window
 # per image: 0.91 at 256, 0.85 at 512).
 INFER_MIN_WINDOW_HEADS = 1024
-
-
-def core_applies(qkv: Tensor, p_drop: float, window_heads: int) -> bool:
-    """:func:`window_core` runs the call: on the CPU without attention dropout, eager (not traced or compiled,
-    where the plain SDPA expression is kept); in inference only for at least :data:`INFER_MIN_WINDOW_HEADS`
-    windows × heads (``window_heads`` per image)."""
-    if qkv.device.type != "cpu" or p_drop != 0.0 or tracing():
-        return False
-    training = torch.is_grad_enabled() and qkv.requires_grad
-    return training or qkv.shape[0] * window_heads >= INFER_MIN_WINDOW_HEADS
 
 
 # Scores per block of windows and CPU thread (1 MB in float32): the block's scores, probabilities and
@@ -223,7 +214,7 @@ def _score_base(bias: Tensor, mask: Optional[Tensor], dtype: torch.dtype) -> Ten
 def _scores(q: Tensor, k: Tensor, base: Tensor, windows: slice, scale: float, out: Optional[Tensor] = None) -> Tensor:
     """``(QKᵀ·scale + bias (+ mask))·log2 e`` ``[r·h, T, T]`` of windows ``windows`` (rows ``b·nW + w`` start from
     ``base[w % len(base)]``, :func:`_score_base`): the scores in log2 units, for ``exp2``
-    (:data:`~vitzoo.attention.functional.LOG2E`); into ``out`` if given."""
+    (:data:`~vitzoo.ops.common.LOG2E`); into ``out`` if given."""
     r, (nb, h, T, _) = windows.stop - windows.start, base.shape
     s = q.new_empty(r, h, T, T, dtype=base.dtype) if out is None else out.view(r, h, T, T)  # QKᵀ is added to it
     if windows.start % nb == 0 and r % nb == 0:  # whole images: broadcast
@@ -294,8 +285,8 @@ def _attend(qkv: Tensor, slots: _Slots, base: Tensor, heads: int, scale: float, 
 
 def window_core(qkv: Tensor, index: Tensor, prefix: int, bias: Tensor, mask: Optional[Tensor], heads: int,
                 scale: float, partition: Optional[tuple[int, int, int]] = None) -> Tensor:
-    """Window attention on the CPU (:func:`core_applies`): :class:`WindowCore` when a gradient is needed, else
-    its forward without keeping anything. Arguments and result as :class:`WindowCore`'s."""
+    """Window attention on the CPU (``cpu_core`` of :mod:`vitzoo.ops.dispatch`): :class:`WindowCore` when a
+    gradient is needed, else its forward without keeping anything. Arguments and result as :class:`WindowCore`'s."""
     if torch.is_grad_enabled() and (qkv.requires_grad or bias.requires_grad):
         return WindowCore.apply(qkv, index, prefix, bias, mask, heads, scale, partition)
     base = _score_base(bias, mask, _score_dtype(qkv))

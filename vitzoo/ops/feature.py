@@ -10,7 +10,7 @@ the features in backward, and works through (image, head)
 pairs and token blocks of about :data:`CHUNK_ELEMENTS` features per thread (:data:`FEATURE_CHUNK_SCALE`
 times that for random features), so that a block's features stay in cache between the exponential and
 the matmuls that read them.
-:mod:`vitzoo.attention.linear.efficient_core` does the same for Efficient Attention's two softmaxes.
+:mod:`vitzoo.ops.efficient` does the same for Efficient Attention's two softmaxes.
 
 Feature maps (``kind``), of prepared inputs ``x`` (q and k scaled or normalised chunk by chunk):
 
@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitzoo.attention.functional import LOG2E, chunk_budget, head_chunks, tracing
 from vitzoo.cpu_kernels import feature_kernel
+from vitzoo.ops.common import LOG2E, chunk_budget, head_chunks, tracing
+from vitzoo.ops.dispatch import select
 
 # Random features (performer, rfa: m ≫ d per token) take chunks this many times larger: on a 2-core AMD EPYC
 # (Zen 2) a 4,096-token performer layer trains 9% (rfa 14%) faster, its live peak 87 MB instead of 85 MB
@@ -235,7 +236,7 @@ class FeatureAttentionCore(torch.autograd.Function):
         qkv, omega, scale, kvz, shift_q, shift_k, den = ctx.saved_tensors
         kind, heads, eps, factor = ctx.kind, ctx.heads, ctx.eps, ctx.factor
         dots = _output_dots(ctx, grad, heads)  # [B, h, N, 1] g·out, or None: φ(Q)[kv | z] recomputed
-        if feature_kernel.usable(kind, qkv, omega, scale):  # compiled; either forward's results
+        if select("feature_attention", kind, qkv, omega, scale) == "cpu_kernel":  # compiled; either forward's results
             grad_qkv, grad_scale = feature_kernel.backward(
                 kind, qkv, heads, omega, scale, eps, factor, (kvz, shift_q, shift_k, den), grad, dots
             )
@@ -312,7 +313,7 @@ def feature_core_forward(
         float64), the ``"exp"`` stabilisers of q and k ``[B, h, N, 1]`` and the normalisers ``φ(Q)z``
         ``[B, h, N, 1]`` before the floor.
     """
-    if feature_kernel.usable(kind, qkv, omega, scale):  # the compiled kernel, same results
+    if select("feature_attention", kind, qkv, omega, scale) == "cpu_kernel":  # the compiled kernel, same results
         return feature_kernel.forward(kind, qkv, heads, omega, scale, eps, factor)
     B, N, C3 = qkv.shape
     d, acc = C3 // 3 // heads, torch.promote_types(qkv.dtype, torch.float32)
@@ -375,6 +376,6 @@ def feature_attention_qkv(
     Returns:
         ``out`` ``[B, N, C]`` (heads merged) in ``qkv``'s dtype.
     """
-    if torch.jit.is_tracing():
+    if select("fused_qkv") == "plain_forward":
         return feature_core_forward(kind, qkv, heads, omega, scale, eps, factor)[0]
     return FeatureAttentionCore.apply(kind, qkv, heads, omega, scale, eps, factor)
