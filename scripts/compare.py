@@ -3,6 +3,7 @@
 
     python scripts/compare.py results/cifar10                  # committed records + the quiet benchmark
     python scripts/compare.py results/cifar10 --docs docs/results.md   # and refresh the generated block there
+    python scripts/compare.py results/cifar10_short --docs docs/results.md --block cifar10-short-ranking
     python scripts/compare.py results/cifar10/3ep --top 3 --exclude global,window   # names, for follow-up runs
     python scripts/compare.py multirun/zoo_digits/<date>/<time>
     python scripts/compare.py multirun/zoo_digits/<date>/<time> --x infer --out docs/img
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
     p.add_argument("--benchmark", default=None, help="records: the quiet benchmark's models.csv, or a folder "
                    "of them (default <folder>/benchmark: every models.csv under it)")
     p.add_argument("--docs", default=None, help="records: Markdown file whose generated ranking block is replaced")
+    p.add_argument("--block", default="cifar10-ranking",
+                   help="records: name of that block (<!-- NAME:begin --> ... <!-- NAME:end -->), one per recipe")
     p.add_argument("--top", type=int, default=None, help="records: print the K most accurate vit_cifar backends")
     p.add_argument("--exclude", default="", help="records, with --top: comma-separated backends to leave out")
     a = p.parse_args(argv)
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
                     print(f"skipped {line}", file=sys.stderr)
                 print(",".join(names))
                 return 0
-            res = rank_records(a.folder, a.benchmark, a.out, a.docs)
+            res = rank_records(a.folder, a.benchmark, a.out, a.docs, a.block)
         except (ConfigError, OSError) as e:
             p.exit(2, f"error: {e}\n")
         print(res["text"])

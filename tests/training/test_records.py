@@ -157,6 +157,20 @@ def test_ranking_joins_records_with_the_benchmark(tmp_path):
     assert top_backends(tmp_path / "3ep", 1, exclude=["global"]) == ["window"]
 
 
+def test_each_recipe_folder_fills_its_own_docs_block(tmp_path):
+    _record(tmp_path / "fast", "global", 0, 0.80, epochs=10, experiment="zoo_cifar10")
+    _record(tmp_path / "short", "global", 0, 0.55, epochs=3, experiment="zoo_cifar10_short")
+    docs = tmp_path / "results.md"
+    docs.write_text(f"{BEGIN}\nx\n{END}\nmiddle\n<!-- short-ranking:begin -->\ny\n<!-- short-ranking:end -->\n")
+    rank_records(tmp_path / "fast", docs=docs)
+    rank_records(tmp_path / "short", docs=docs, block="short-ranking")
+    fast, short = docs.read_text().split("middle")
+    assert "experiment=zoo_cifar10**" in fast and "zoo_cifar10_short" not in fast
+    assert "experiment=zoo_cifar10_short**" in short and "| 80.00 |" not in short
+    with pytest.raises(ConfigError, match="--block 'Bad Name'"):
+        rank_records(tmp_path / "fast", docs=docs, block="Bad Name")
+
+
 def test_a_folder_mixing_two_recipes_is_refused_with_one_line(tmp_path):
     """No table mixes two recipes: the records of one folder share one experiment."""
     _record(tmp_path, "global", 0, 0.60, epochs=10, experiment="zoo_cifar10")

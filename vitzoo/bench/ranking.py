@@ -12,6 +12,7 @@ import csv
 import io
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,7 +31,18 @@ from vitzoo.registry import ConfigError
 from vitzoo.training.records import read_records, wilson_interval
 
 # the generated block in a Markdown file: "<" and ">" never occur in a record's fields, so no row can hold a marker
-BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"
+BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"  # the default block (--block)
+
+
+def block_markers(block: str) -> tuple[str, str]:
+    """The begin and end comments of the generated block ``block`` (``cifar10-ranking``: :data:`BEGIN`, :data:`END`).
+
+    Args:
+        block: lower-case letters, digits and dashes.
+    """
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", block or ""):
+        raise ConfigError(f"--block {block!r}: use lower-case letters, digits and dashes")
+    return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
 MAX_LABELS = 40  # the most accurate points of a chart get a label; the others are drawn unlabelled
 MAX_CHARTS = 12  # charts for the first budgets (epochs) only; every budget gets its table
 COLUMNS = ["attention", "family", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
@@ -260,8 +272,9 @@ def read_docs(markdown: Any) -> str:
                           ) from None
 
 
-def replace_block(markdown: Path, text: str) -> Path:
-    """Replace the generated block between :data:`BEGIN` and :data:`END` in ``markdown`` with ``text``, atomically.
+def replace_block(markdown: Path, text: str, block: str = "cifar10-ranking") -> Path:
+    """Replace the generated block ``block`` (between its :func:`block_markers`) in ``markdown`` with ``text``,
+    atomically.
 
     The file must be a regular file (not a symbolic link) holding each marker once, begin before end; ``text``
     may hold neither. Replacing the block with the same text leaves the file byte for byte as it was.
@@ -269,16 +282,18 @@ def replace_block(markdown: Path, text: str) -> Path:
     Args:
         markdown: the Markdown file (``--docs``).
         text: the new content of the block.
+        block: the block's name (``--block``).
     """
+    begin, end = block_markers(block)
     content = read_docs(markdown)
-    if BEGIN in text or END in text:
+    if begin in text or end in text:
         raise ConfigError(f"--docs {markdown}: the generated text holds a block marker; nothing written")
-    if content.count(BEGIN) != 1 or content.count(END) != 1 or content.index(BEGIN) > content.index(END):
-        raise ConfigError(f"--docs {markdown}: needs one '{BEGIN}' followed by one '{END}' (found "
-                          f"{content.count(BEGIN)} and {content.count(END)})")
-    head, rest = content.split(BEGIN)
-    tail = rest.split(END)[1]
-    return atomic_write_text(markdown, f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
+        raise ConfigError(f"--docs {markdown}: needs one '{begin}' followed by one '{end}' (found "
+                          f"{content.count(begin)} and {content.count(end)})")
+    head, rest = content.split(begin)
+    tail = rest.split(end)[1]
+    return atomic_write_text(markdown, f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def top_backends(folder: Any, k: int, exclude: Sequence[str] = (), epochs: Optional[int] = None,
@@ -305,7 +320,7 @@ def chart_name(epochs: int) -> str:
 
 
 def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any] = None,
-                 docs: Optional[Any] = None) -> dict[str, Any]:
+                 docs: Optional[Any] = None, block: str = "cifar10-ranking") -> dict[str, Any]:
     """Tables (Markdown + CSV) and one chart per budget from the records under ``folder``.
 
     Every file is written atomically under ``out`` with a fixed name (a symbolic link there is replaced, its target
@@ -317,8 +332,10 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
             e.g. ``vit_cifar/models.csv``); default ``<folder>/benchmark``.
         out: where the tables and charts go (default ``folder``).
         docs: a Markdown file whose generated block receives the tables and chart links.
+        block: the name of that block (one folder per recipe, one block per folder).
     """
     folder = Path(folder)
+    block_markers(block)
     if docs:
         read_docs(docs)  # a missing or unreadable --docs fails before anything is written
     skipped: list[str] = []
@@ -371,6 +388,6 @@ def rank_records(folder: Any, benchmark: Optional[Any] = None, out: Optional[Any
         linked = text
         for png in charts:
             linked = linked.replace(f"]({png.name})", f"]({os.path.relpath(png.resolve(), rel)})")
-        replace_block(Path(docs), linked)
+        replace_block(Path(docs), linked, block)
     return {"rows": rows, "md": out / "ranking.md", "csv": out / "ranking.csv", "charts": charts, "text": text,
             "skipped": skipped}
