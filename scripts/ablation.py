@@ -61,7 +61,8 @@ def parent(tag: str, mine: list[str], earlier: list[tuple[str, list[str]]]) -> t
     """The earlier run this one builds on, and the levers it adds or changes against it.
 
     The parent sets no option this run leaves at the short recipe's value, and shares the most levers with it
-    (on a tie the one with fewer levers, then the latest), so each row reads as one step: ``t09`` = ``t07`` + ``model.stem_full_res_convs=1``.
+    (on a tie the one with fewer levers, then the latest), so each row reads as one step:
+    ``t09`` = ``t07`` + ``model.stem_full_res_convs=1``.
 
     Args:
         tag: this run's tag; mine: its levers; earlier: ``(tag, levers)`` of the runs tried before it.

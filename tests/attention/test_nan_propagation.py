@@ -99,9 +99,11 @@ def test_nan_query_channel_makes_every_output_nan(name, path, monkeypatch):
     assert finite == 0, f"{name} ({path}): {finite} finite outputs with a NaN query channel"
 
 
+@pytest.mark.usefixtures("one_thread")  # one thread runs every (image, head) task in turn, sharing its buffers
 @pytest.mark.parametrize("name", ATTENTION_NAMES)
 def test_kernel_and_torch_paths_mark_the_same_outputs(name, monkeypatch):
-    """Forward and backward: the same outputs and input gradients are non-finite on both paths."""
+    """Forward and backward: the same outputs and input gradients are non-finite on both paths (a kernel that
+    reused a buffer across images would carry the NaN image's values into the next one)."""
     marks = []
     for path in ("kernel", "torch"):
         attn = _attn(name).train()

@@ -1,4 +1,4 @@
-"""The compiled CPU kernel of :func:`vitzoo.attention.sparse.gather.block_attention` (``csrc/block_attention.cpp``).
+"""The compiled CPU kernel of :func:`vitzoo.ops.gather.block_attention` (``csrc/block_attention.cpp``).
 
 Paper: Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness", NeurIPS 2022,
 https://arxiv.org/abs/2205.14135 (the backward recomputes the probabilities from the saved log-sum-exp).

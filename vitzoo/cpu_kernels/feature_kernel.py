@@ -1,4 +1,4 @@
-"""The compiled CPU kernel of :mod:`vitzoo.attention.linear.feature_core`'s random features,
+"""The compiled CPU kernel of :mod:`vitzoo.ops.feature`'s random features,
 ``csrc/feature_attention.cpp``:
 the ``"exp"`` map (performer's FAVOR+) and the ``"fourier"`` map (rfa).
 
@@ -53,7 +53,7 @@ def forward(
 ) -> tuple[Optional[Tensor], ...]:
     """``out`` ``[B, N, C]``, ``kvz = factor·φ(K)ᵀ[V | 1]`` ``[B, h, m, d+1]``, the ``"exp"`` shifts of queries and
     keys (``[B, h, N, 1]``; None for ``"fourier"``) and the normalisers ``[B, h, N, 1]``, as
-    :func:`vitzoo.attention.linear.feature_core.feature_core_forward` returns them.
+    :func:`vitzoo.ops.feature.feature_core_forward` returns them.
 
     Args:
         kind: ``"exp"`` or ``"fourier"``.

@@ -258,8 +258,8 @@ void forward_impl(const Call<T>& c, const at::Tensor& qkv, at::Tensor& out, at::
   T *o_all = out.data_ptr<T>(), *kvz_all = kvz.data_ptr<T>(), *den_all = den.data_ptr<T>();
   T *sq_all = s.fourier ? nullptr : shift_q.data_ptr<T>(), *sk_all = s.fourier ? nullptr : shift_k.data_ptr<T>();
   at::parallel_for(0, s.B * s.h, 1, [&](int64_t begin, int64_t end) {
-    Work<T> w(s);
     for (int64_t bh = begin; bh < end; ++bh) {
+      Work<T> w(s);  // fresh per (image, head): rows past a partial chunk never carry another image's values
       const int64_t b = bh / s.h, hd = bh % s.h;
       key_sums<T>(c, x_all, b, hd, sk_all ? sk_all + bh * s.N : nullptr, w);
       T* kvz_h = kvz_all + bh * s.m * (s.d + 1);  // [m, d + 1]: [kv | z]
@@ -379,8 +379,8 @@ void backward_impl(const Call<T>& c, const at::Tensor& qkv, const at::Tensor& kv
   T *sq_all = s.fourier ? nullptr : shift_q.data_ptr<T>(), *sk_all = s.fourier ? nullptr : shift_k.data_ptr<T>();
   T *gx_all = grad_qkv.data_ptr<T>(), *gs_all = s.fourier ? grad_scale.data_ptr<T>() : nullptr;
   at::parallel_for(0, s.B * s.h, 1, [&](int64_t begin, int64_t end) {
-    Work<T> w(s);
     for (int64_t bh = begin; bh < end; ++bh) {
+      Work<T> w(s);  // fresh per (image, head): rows past a partial chunk never carry another image's values
       const int64_t b = bh / s.h, hd = bh % s.h;
       const T* kvz_h = kvz_all + bh * s.m * (s.d + 1);
       for (int64_t r = 0; r < s.m; ++r) {
