@@ -206,7 +206,7 @@ class SwinTransformer(nn.Module):
             norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps),
             strict_img_size=False,
         )
-        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths)).tolist()
+        dpr = torch.linspace(0, cfg.drop_path_rate, sum(cfg.depths), device="cpu").tolist()  # cpu: builds on meta too
         grid, stages = tuple(self.patch_embed.grid_size), []
         for i, (depth, heads) in enumerate(zip(cfg.depths, cfg.num_heads)):
             first = sum(cfg.depths[:i])

@@ -109,7 +109,7 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix + self.grid[0] * self.grid[1], C))
         self.pos_drop = nn.Dropout(cfg.drop_rate)
-        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
+        dpr = torch.linspace(0, cfg.drop_path_rate, cfg.depth, device="cpu").tolist()  # cpu: builds on meta too
         self.blocks = nn.ModuleList(
             [
                 Block(
