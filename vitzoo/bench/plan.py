@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -103,9 +103,9 @@ class Footprint:
     checkpointed: Activations
     build: str  # "meta" (built on the meta device) or "meta parameters" (index buffers computed on CPU, moved)
     proxy: Optional[str] = None  # how a smaller model stood in (None: the model itself was counted)
-    notes: list[str] = field(default_factory=list)
 
     def activations(self, checkpointing: bool) -> Activations:
+        """The saved activations with or without ``model.grad_checkpointing``."""
         return self.checkpointed if checkpointing else self.plain
 
 
@@ -113,8 +113,9 @@ def meta_model(name: str, attention: Any, options: dict[str, Any]) -> tuple[nn.M
     """Build ``create_model(name, attention, **options)`` without weight storage.
 
     Under ``torch.device("meta")`` first. A backend that computes index tables from data while it is built
-    (``.item()`` on a meta tensor fails) is built instead with every parameter replaced by a meta tensor as it
-    is registered (its empty storage never written, init runs on meta) and its buffers moved to meta after.
+    (``.item()`` on a meta tensor fails) is built instead on CPU with every parameter replaced by a meta tensor
+    as it is registered: the CPU tensor it came from (one at a time) is dropped before any init runs, init runs
+    on meta, and the buffers (index tables) move to meta after.
 
     Args:
         name: model variant.
