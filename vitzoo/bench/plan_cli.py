@@ -159,7 +159,8 @@ def report(fp: Footprint, batch: int, dev_name: str, precision: str, epoch: int,
                      f"transient allowance {gib(act.transient_per_image)} per image")
     lines.append(f"  peak model = {OPTIMIZER_BYTES} B/param (fp32 weights, grads, AdamW moments) "
                  f"{gib(OPTIMIZER_BYTES * fp.params)} + activations(batch) + transient (largest saved tensor of a "
-                 f"block; with checkpointing plus one block's saved set)")
+                 f"block; with checkpointing plus one block's saved set); a lower bound: no allocator cache, "
+                 f"CUDA context or gradient buffers of backward")
     lines.append(f"  device {dev_name}: {gib(dev.memory)} ({dev.source})")
     for ckpt in (False, True):
         peak = peak_bytes(fp, batch, ckpt)
