@@ -16,6 +16,7 @@ as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, 
 (versions, CPU/GPU, threads, load, options), ``results.json`` (every row); how each is measured: :mod:`vitzoo.bench`.
 """
 import argparse
+import json
 import sys
 
 from vitzoo.bench import BenchOptions, run_benchmark
@@ -41,6 +42,9 @@ def parse_args(argv=None) -> BenchOptions:
                    help="comma-separated input sides (default: each model's own)")
     p.add_argument("--token-reduction", default=d.token_reduction,
                    help="models mode: model.token_reduction of every model (tome, evit, tokenlearner)")
+    p.add_argument("--model-options", type=json.loads, default={},
+                   help="models mode: JSON object of model config fields on top of each variant, e.g. "
+                        "'{\"stem\": \"conv\", \"global_pool\": \"avg\"}' (rows keep the variant's name)")
     p.add_argument("--batch", dest="batches", type=_list(int), default=d.batches, help="comma-separated batch sizes")
     p.add_argument("--tokens", type=_list(int), default=d.tokens, help="layer mode: token counts (squares)")
     for name, what in (("dim", "channels C"), ("heads", "heads"), ("batch", "batch"),

@@ -7,6 +7,7 @@ import pytest
 from helpers import BENCH_TINY as TINY
 from helpers import load_file, read_csv
 
+import vitzoo
 from vitzoo.bench import (
     NOT_INSTALLED,
     BenchOptions,
@@ -159,6 +160,24 @@ def test_token_reduction_rows_name_the_reduced_model(tmp_path):
     assert float(rows["tome"]["gmacs"]) < float(rows[None]["gmacs"])
 
 
+def test_model_options_reach_the_benchmarked_model(tmp_path):
+    """``--model-options``: the fast recipe's model levers are built into every row's model (its MACs are the
+    conv stem's model's), the row keeps the variant's name so the ranking joins it, and no timm twin runs."""
+    levers = {"stem": "conv", "stem_full_res_convs": 1, "global_pool": "avg", "pos_embed": "sincos"}
+    out = tmp_path / "fast"
+    opts = BenchOptions(mode="models", attention=["global"], models=["vit_cifar"], img_sizes=[16], batches=[2],
+                        model_options=levers, isolate=False, out=str(out), **TINY)
+    run_benchmark(opts, log=lambda msg: None)
+    (row,) = read_csv(out / "models.csv")
+    assert row["status"] == "ok" and row["model"] == "vit_cifar"
+    expected = vitzoo.create_model("vit_cifar", img_size=16, **levers).flops() / 1e9
+    assert float(row["gmacs_analytic"]) == pytest.approx(expected)
+    assert float(row["gmacs_analytic"]) != pytest.approx(vitzoo.create_model("vit_cifar", img_size=16).flops() / 1e9)
+    assert not (out / "references.csv").is_file() or not read_csv(out / "references.csv")
+    cli = load_file("scripts", "benchmark").parse_args(["--models", "vit_cifar", "--model-options", '{"stem": "conv"}'])
+    assert cli.model_options == {"stem": "conv"}
+
+
 def test_options_are_strict():
     """An unknown or bad option is a one-line ConfigError naming it."""
     with pytest.raises(ConfigError, match=r"^unknown option bench\.batch for BenchOptions") as exc:
@@ -170,6 +189,7 @@ def test_options_are_strict():
         ({"repeats": 0}, "--repeats"),
         ({"amp": "fp16"}, "--amp"),
         ({"token_reduction": "merge"}, "--token-reduction"),
+        ({"model_options": {"stem": "convs"}}, "model.stem"),
     ):
         with pytest.raises(ConfigError, match="^" + name) as exc:
             BenchOptions.from_options(options)

@@ -169,7 +169,8 @@ def model_job(job: Mapping[str, Any]) -> Row:
 
     Args:
         job: ``backend``, ``spec`` (attention options), ``model``, ``img_size``, ``batch``, optionally
-            ``token_reduction`` (the row's model is then ``<model>+<reducer>``), and the common keys.
+            ``token_reduction`` (the row's model is then ``<model>+<reducer>``), ``model_options`` (config fields on
+            top of the variant), and the common keys.
     """
     setup = _Setup(job)
     reduction = job.get("token_reduction")
@@ -178,7 +179,7 @@ def model_job(job: Mapping[str, Any]) -> Row:
     what = "build"
     try:
         model = create_model(job["model"], attention=job["spec"], img_size=job["img_size"],
-                             token_reduction=reduction).to(setup.device)
+                             token_reduction=reduction, **job.get("model_options", {})).to(setup.device)
         row["tokens"] = (job["img_size"] // model.cfg.patch_size) ** 2 + getattr(model, "num_prefix", 0)
         row["params_m"] = _params(model) / 1e6
         steps = _ModelSteps(setup, model, job["batch"], job["img_size"], model.cfg)

@@ -10,7 +10,7 @@ import torch
 
 from vitzoo.attention import list_attention
 from vitzoo.layers.token_reduction import REDUCTIONS
-from vitzoo.models import model_config
+from vitzoo.models import MODELS, model_config
 from vitzoo.models.swin import SwinConfig
 from vitzoo.models.vit import ViTConfig
 from vitzoo.registry import ConfigError, build_config
@@ -28,6 +28,9 @@ class BenchOptions:
         token_reduction: models mode: ``model.token_reduction`` of every model (``"tome"``, ``"evit"``,
             ``"tokenlearner"`` at their defaults; ``None``: none); rows name the model ``<variant>+<reducer>``
             like the training records, and the timm references are skipped.
+        model_options: models mode: fields of every model's config on top of its variant (the fast CIFAR-10
+            recipe's ``{"stem": "conv", "stem_full_res_convs": 1, "global_pool": "avg", "pos_embed": "sincos"}``);
+            rows keep the variant's name, and the timm references are skipped.
         batches: training/inference batch sizes.
         tokens: token counts of the layer scaling mode (perfect squares: an s×s grid).
         layer_dim, layer_heads, layer_batch, layer_prefix, layer_window: the single layer's
@@ -58,6 +61,7 @@ class BenchOptions:
     models: list[str] = field(default_factory=lambda: ["vit_cifar", "swin_cifar"])
     img_sizes: list[int] = field(default_factory=list)
     token_reduction: Optional[str] = None
+    model_options: dict = field(default_factory=dict)
     batches: list[int] = field(default_factory=lambda: [64])
     tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     layer_dim: int = 128
@@ -94,6 +98,8 @@ class BenchOptions:
         if self.token_reduction is not None and self.token_reduction not in REDUCTIONS.names():
             raise ConfigError(f"--token-reduction must be one of {', '.join(REDUCTIONS.names())} "
                               f"(got {self.token_reduction!r})")
+        for model in self.models if self.model_options else ():  # every option checked before any job starts
+            MODELS.config({"name": model, **self.model_options})
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1 (got {self.repeats})")
 

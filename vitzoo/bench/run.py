@@ -57,17 +57,19 @@ def _runner(opts: BenchOptions, common: Mapping[str, Any], stream: Path) -> Run:
 def _run_models(opts: BenchOptions, backends: list[str], run: Run, log: Callable[[str], None],
                 models: list[Row], refs: list[Row]) -> None:
     """Every model × size × batch × backend, and the timm twin where the model has one (none with token
-    reduction: timm's twin does not reduce tokens)."""
+    reduction or model options: timm's twin has neither)."""
     for model in opts.models:
         ref_backend, ref_name = MODEL_REFERENCES.get(model_family(model), (None, None))
         for img in opts.img_sizes or [model_img_size(model)]:
             for batch in opts.batches:
                 for backend in backends:
                     row = run(dict(kind="model", backend=backend, spec=attention_options(backend), model=model,
-                                   img_size=img, batch=batch, token_reduction=opts.token_reduction))
+                                   img_size=img, batch=batch, token_reduction=opts.token_reduction,
+                                   model_options=opts.model_options))
                     models.append(row)
                     log(f"  model {row['model']:11s} {img}px b{batch} {backend:14s} {_brief_model(row)}")
-                if opts.references and ref_backend in backends and opts.token_reduction is None:
+                if opts.references and ref_backend in backends and opts.token_reduction is None \
+                        and not opts.model_options:
                     row = run(dict(kind="model_ref", backend=ref_backend, spec=attention_options(ref_backend),
                                    model=model, img_size=img, batch=batch, reference=ref_name))
                     row.setdefault("level", "model")
