@@ -23,10 +23,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from vitzoo.bench.docs_block import block_markers, read_docs, with_block
 from vitzoo.fileio import atomic_write_text, read_regular_text
 from vitzoo.registry import ConfigError
 
-BEGIN, END = "<!-- cifar10-ablation:begin -->", "<!-- cifar10-ablation:end -->"
+BLOCK = "cifar10-ablation"  # the docs block: <!-- cifar10-ablation:begin --> ... <!-- cifar10-ablation:end -->
+BEGIN, END = block_markers(BLOCK)
 COMMON = ("experiment=", "export=", "benchmark.", "record_dir=", "+callbacks.flip_tta")  # not levers
 
 
@@ -134,11 +136,8 @@ def main(argv=None) -> int:
         if not a.docs:
             print(block)
             return 0
-        text = read_regular_text(a.docs)
-        if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-            raise ConfigError(f"--docs {a.docs}: needs one {BEGIN} line followed by one {END} line")
-        head, rest = text.split(BEGIN)
-        new = f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}"
+        text = read_docs(a.docs)
+        new = with_block(text, block, BLOCK, f"--docs {a.docs}")
         if a.check:
             if new != text:
                 print(f"{a.docs}: the ablation block differs from the records; regenerate it", file=sys.stderr)

@@ -19,10 +19,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from vitzoo.bench.docs_block import block_markers, read_docs, with_block
 from vitzoo.fileio import atomic_write_bytes, atomic_write_text, read_regular_text
 from vitzoo.registry import ConfigError
 
-BEGIN, END = "<!-- cifar10-convergence:begin -->", "<!-- cifar10-convergence:end -->"
+BLOCK = "cifar10-convergence"  # the docs block: <!-- cifar10-convergence:begin --> ... <!-- cifar10-convergence:end -->
+BEGIN, END = block_markers(BLOCK)
 CHART = "convergence_global.png"  # written beside the long run's budget folder (results/cifar10/)
 
 
@@ -120,11 +122,8 @@ def main(argv=None) -> int:
         if not a.docs:
             print(text)
         else:
-            docs = read_regular_text(a.docs)
-            if docs.count(BEGIN) != 1 or docs.count(END) != 1 or docs.index(BEGIN) > docs.index(END):
-                raise ConfigError(f"--docs {a.docs}: needs one {BEGIN} line followed by one {END} line")
-            head, rest = docs.split(BEGIN)
-            new = f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}"
+            docs = read_docs(a.docs)
+            new = with_block(docs, text, BLOCK, f"--docs {a.docs}")
             if a.check:
                 if new != docs:
                     print(f"{a.docs}: the convergence block differs from {record}; run without --check",

@@ -12,7 +12,6 @@ import csv
 import io
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from matplotlib.lines import Line2D
 
 from vitzoo.attention import FAMILY_PACKAGES, attention_family
 from vitzoo.bench.compare import pareto_front
+from vitzoo.bench.docs_block import block_markers, read_docs, replace_block
 from vitzoo.bench.labels import place_labels
 from vitzoo.bench.report import markdown_table, save_figure, write_csv
 from vitzoo.fileio import atomic_write_text, read_regular_text
@@ -34,15 +34,6 @@ from vitzoo.training.records import read_records, wilson_interval
 BEGIN, END = "<!-- cifar10-ranking:begin -->", "<!-- cifar10-ranking:end -->"  # the default block (--block)
 
 
-def block_markers(block: str) -> tuple[str, str]:
-    """The begin and end comments of the generated block ``block`` (``cifar10-ranking``: :data:`BEGIN`, :data:`END`).
-
-    Args:
-        block: lower-case letters, digits and dashes.
-    """
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", block or ""):
-        raise ConfigError(f"--block {block!r}: use lower-case letters, digits and dashes")
-    return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
 MAX_LABELS = 40  # the most accurate points of a chart get a label; the others are drawn unlabelled
 MAX_CHARTS = 12  # charts for the first budgets (epochs) only; every budget gets its table
 COLUMNS = ["attention", "family", "model", "epochs", "top1", "top1_ci95", "seeds", "top5", "train_img_s", "infer_img_s",
@@ -252,48 +243,6 @@ def _budget_name(epochs: Any) -> str:
 
 def _fmt(rows: Sequence[Mapping[str, Any]]) -> str:
     return markdown_table(list(rows), COLUMNS, HEADERS)
-
-
-def read_docs(markdown: Any) -> str:
-    """The text of the ``--docs`` file: a regular file that exists and is no symbolic link, else one line.
-
-    Args:
-        markdown: the Markdown file.
-    """
-    markdown = Path(markdown)
-    if markdown.is_symlink():
-        raise ConfigError(f"--docs {markdown} is a symbolic link; name the file itself")
-    if not markdown.exists():
-        raise ConfigError(f"--docs {markdown}: no such file")
-    try:
-        return read_regular_text(markdown)
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--docs {markdown}: not readable ({getattr(e, 'strerror', None) or type(e).__name__})"
-                          ) from None
-
-
-def replace_block(markdown: Path, text: str, block: str = "cifar10-ranking") -> Path:
-    """Replace the generated block ``block`` (between its :func:`block_markers`) in ``markdown`` with ``text``,
-    atomically.
-
-    The file must be a regular file (not a symbolic link) holding each marker once, begin before end; ``text``
-    may hold neither. Replacing the block with the same text leaves the file byte for byte as it was.
-
-    Args:
-        markdown: the Markdown file (``--docs``).
-        text: the new content of the block.
-        block: the block's name (``--block``).
-    """
-    begin, end = block_markers(block)
-    content = read_docs(markdown)
-    if begin in text or end in text:
-        raise ConfigError(f"--docs {markdown}: the generated text holds a block marker; nothing written")
-    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
-        raise ConfigError(f"--docs {markdown}: needs one '{begin}' followed by one '{end}' (found "
-                          f"{content.count(begin)} and {content.count(end)})")
-    head, rest = content.split(begin)
-    tail = rest.split(end)[1]
-    return atomic_write_text(markdown, f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def top_backends(folder: Any, k: int, exclude: Sequence[str] = (), epochs: Optional[int] = None,

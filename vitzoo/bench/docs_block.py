@@ -1,0 +1,74 @@
+"""Generated blocks in Markdown files: ``<!-- NAME:begin -->`` ... ``<!-- NAME:end -->``, replaced in place by the
+commands that generate them (``scripts/compare.py --docs``, ``scripts/ablation.py``, ``scripts/convergence.py``),
+each block once per file, atomically, never through a symbolic link."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from vitzoo.fileio import atomic_write_text, read_regular_text
+from vitzoo.registry import ConfigError
+
+
+def block_markers(block: str) -> tuple[str, str]:
+    """The begin and end comments of the generated block ``block``: ``<!-- block:begin -->``, ``<!-- block:end -->``.
+
+    Args:
+        block: lower-case letters, digits and dashes.
+    """
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", block or ""):
+        raise ConfigError(f"--block {block!r}: use lower-case letters, digits and dashes")
+    return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
+
+
+def read_docs(markdown: Any) -> str:
+    """The text of the ``--docs`` file: a regular file that exists and is no symbolic link, else one line.
+
+    Args:
+        markdown: the Markdown file.
+    """
+    markdown = Path(markdown)
+    if markdown.is_symlink():
+        raise ConfigError(f"--docs {markdown} is a symbolic link; name the file itself")
+    if not markdown.exists():
+        raise ConfigError(f"--docs {markdown}: no such file")
+    try:
+        return read_regular_text(markdown)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--docs {markdown}: not readable ({getattr(e, 'strerror', None) or type(e).__name__})"
+                          ) from None
+
+
+def with_block(content: str, text: str, block: str, where: Any = "--docs") -> str:
+    """``content`` with its generated block ``block`` (between its :func:`block_markers`) replaced by ``text``.
+
+    ``content`` must hold each marker once, begin before end, and ``text`` neither; else one line naming
+    ``where``. The same ``text`` gives ``content`` back byte for byte.
+
+    Args:
+        content: the Markdown text; text: the block's new content; block: the block's name;
+        where: how the one-line error names the file (``--docs <path>``).
+    """
+    begin, end = block_markers(block)
+    if begin in text or end in text:
+        raise ConfigError(f"{where}: the generated text holds a block marker; nothing written")
+    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
+        raise ConfigError(f"{where}: needs one '{begin}' followed by one '{end}' (found "
+                          f"{content.count(begin)} and {content.count(end)})")
+    head, rest = content.split(begin)
+    return f"{head}{begin}\n{text}\n{end}{rest.split(end)[1]}"
+
+
+def replace_block(markdown: Path, text: str, block: str = "cifar10-ranking") -> Path:
+    """Replace the generated block ``block`` in ``markdown`` with ``text`` (:func:`with_block`), atomically.
+
+    The file must be a regular file (not a symbolic link). Replacing the block with the same text leaves the
+    file byte for byte as it was.
+
+    Args:
+        markdown: the Markdown file (``--docs``).
+        text: the new content of the block.
+        block: the block's name (``--block``).
+    """
+    return atomic_write_text(markdown, with_block(read_docs(markdown), text, block, f"--docs {markdown}"))
