@@ -23,8 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from vitzoo.bench.docs_block import block_markers, read_docs, with_block
-from vitzoo.fileio import atomic_write_text, read_regular_text
+from vitzoo.bench.docs_block import block_markers, refresh_block
+from vitzoo.fileio import read_regular_text
 from vitzoo.registry import ConfigError
 
 BLOCK = "cifar10-ablation"  # the docs block: <!-- cifar10-ablation:begin --> ... <!-- cifar10-ablation:end -->
@@ -136,16 +136,7 @@ def main(argv=None) -> int:
         if not a.docs:
             print(block)
             return 0
-        text = read_docs(a.docs)
-        new = with_block(text, block, BLOCK, f"--docs {a.docs}")
-        if a.check:
-            if new != text:
-                print(f"{a.docs}: the ablation block differs from the records; regenerate it", file=sys.stderr)
-                return 1
-            return 0
-        if new != text:
-            atomic_write_text(a.docs, new)
-        print(f"wrote the ablation block of {a.docs}")
+        return refresh_block(a.docs, block, BLOCK, a.check)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

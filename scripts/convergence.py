@@ -19,8 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from vitzoo.bench.docs_block import block_markers, read_docs, with_block
-from vitzoo.fileio import atomic_write_bytes, atomic_write_text, read_regular_text
+from vitzoo.bench.docs_block import block_markers, refresh_block
+from vitzoo.fileio import atomic_write_bytes, read_regular_text
 from vitzoo.registry import ConfigError
 
 BLOCK = "cifar10-convergence"  # the docs block: <!-- cifar10-convergence:begin --> ... <!-- cifar10-convergence:end -->
@@ -122,17 +122,9 @@ def main(argv=None) -> int:
         if not a.docs:
             print(text)
         else:
-            docs = read_docs(a.docs)
-            new = with_block(docs, text, BLOCK, f"--docs {a.docs}")
-            if a.check:
-                if new != docs:
-                    print(f"{a.docs}: the convergence block differs from {record}; run without --check",
-                          file=sys.stderr)
-                    return 1
-                print(f"{a.docs}: the convergence block matches the records")
-                return 0
-            atomic_write_text(a.docs, new)
-            print(f"wrote the convergence block of {a.docs}")
+            status = refresh_block(a.docs, text, BLOCK, a.check)
+            if status or a.check:
+                return status
         if not a.check:
             rec = read(record)
             atomic_write_bytes(png, chart(rec["top1_per_epoch"], [read(q)["top1"] for q in ten],

@@ -4,6 +4,7 @@ each block once per file, atomically, never through a symbolic link."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,26 @@ def replace_block(markdown: Path, text: str, block: str = "cifar10-ranking") -> 
         block: the block's name (``--block``).
     """
     return atomic_write_text(markdown, with_block(read_docs(markdown), text, block, f"--docs {markdown}"))
+
+
+def refresh_block(markdown: Any, text: str, block: str, check: bool = False) -> int:
+    """Write ``text`` into the block ``block`` of ``markdown`` (a no-op when it is already there), or with
+    ``check`` only compare: 0 when the block holds ``text``, 1 (with one line on stderr) when it differs.
+
+    Args:
+        markdown: the Markdown file (``--docs``); text: the block's content; block: its name;
+        check: compare only, write nothing (``--check``).
+    """
+    content = read_docs(markdown)
+    new = with_block(content, text, block, f"--docs {markdown}")
+    if check:
+        if new != content:
+            print(f"{markdown}: the {block} block differs from what generates it; run without --check",
+                  file=sys.stderr)
+            return 1
+        print(f"{markdown}: the {block} block matches")
+        return 0
+    if new != content:
+        atomic_write_text(markdown, new)
+    print(f"wrote the {block} block of {markdown}")
+    return 0
