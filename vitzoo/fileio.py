@@ -15,6 +15,8 @@ import stat
 from pathlib import Path
 from typing import Optional, Union
 
+from vitzoo.registry import ConfigError
+
 PathLike = Union[str, Path]
 MAX_READ_BYTES = 64 * 1024 * 1024  # default limit of read_regular_bytes: larger files are refused, never read
 KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -121,3 +123,22 @@ def read_regular_text(path: PathLike, limit: int = MAX_READ_BYTES) -> str:
         limit: the largest size read, in bytes.
     """
     return read_regular_bytes(path, limit).decode("utf-8")
+
+
+def splice_block(content: str, text: str, begin: str, end: str, where: object) -> str:
+    """``content`` with what lies between the marker lines ``begin`` and ``end`` replaced by ``text`` (the
+    generated blocks of the docs). ``content`` must hold each marker once, begin before end, and ``text``
+    neither; else a one-line :class:`~vitzoo.registry.ConfigError` naming ``where``. The same ``text`` gives
+    ``content`` back byte for byte.
+
+    Args:
+        content: the document; text: the block's new content, its own first and last newline included;
+        begin, end: the marker comments; where: how the error names the document.
+    """
+    if begin in text or end in text:
+        raise ConfigError(f"{where}: the generated text holds a block marker; nothing written")
+    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
+        raise ConfigError(f"{where}: needs one '{begin}' followed by one '{end}' (found "
+                          f"{content.count(begin)} and {content.count(end)})")
+    head, rest = content.split(begin)
+    return f"{head}{begin}{text}{end}{rest.split(end)[1]}"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from vitzoo.attention import ATTENTION, MixerContext, attention_family, build_attention, list_attention
 from vitzoo.configs import CONFIG_DIR, attention_options
-from vitzoo.fileio import atomic_write_text
+from vitzoo.fileio import atomic_write_text, splice_block
 
 BLOCK = "formulas"
 BEGIN = f"<!-- generated:{BLOCK}:begin (python scripts/gen_docs.py) -->"
@@ -89,18 +89,14 @@ def backend_table(entries: list[BackendEntry]) -> str:
 
 
 def replace_block(text: str, body: str, where: str) -> str:
-    """``text`` with the lines between :data:`BEGIN` and :data:`END` replaced by ``body``.
+    """``text`` with the lines between :data:`BEGIN` and :data:`END` replaced by ``body`` (a blank line each side).
 
     Args:
         text: the document.
         body: the generated text (without the markers).
         where: the document's name, for the error when a marker is missing.
     """
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{where}: needs one '{BEGIN}' line followed by one '{END}' line")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n\n{body}\n\n{END}{tail}"
+    return splice_block(text, f"\n\n{body}\n\n", BEGIN, END, where)
 
 
 def yaml_with_cost(text: str, formula: str, where: str) -> str:

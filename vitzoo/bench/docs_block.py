@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vitzoo.fileio import atomic_write_text, read_regular_text
+from vitzoo.fileio import atomic_write_text, read_regular_text, splice_block
 from vitzoo.registry import ConfigError
 
 
@@ -51,14 +51,7 @@ def with_block(content: str, text: str, block: str, where: Any = "--docs") -> st
         content: the Markdown text; text: the block's new content; block: the block's name;
         where: how the one-line error names the file (``--docs <path>``).
     """
-    begin, end = block_markers(block)
-    if begin in text or end in text:
-        raise ConfigError(f"{where}: the generated text holds a block marker; nothing written")
-    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
-        raise ConfigError(f"{where}: needs one '{begin}' followed by one '{end}' (found "
-                          f"{content.count(begin)} and {content.count(end)})")
-    head, rest = content.split(begin)
-    return f"{head}{begin}\n{text}\n{end}{rest.split(end)[1]}"
+    return splice_block(content, f"\n{text}\n", *block_markers(block), where)
 
 
 def replace_block(markdown: Path, text: str, block: str = "cifar10-ranking") -> Path:
