@@ -23,6 +23,7 @@ from vitzoo.bench.plan import (
     largest_batch,
     peak_bytes,
 )
+from vitzoo.flops.cli import ArgumentParser
 from vitzoo.registry import ConfigError
 
 EPILOG = """examples (from the repository root):
@@ -33,13 +34,6 @@ The peak is a model (parameters, gradients, AdamW state, saved activations, a tr
 images/s assume a utilisation of the device's matmul peak (--utilisation)."""
 IMAGENET_TRAIN = 1_281_167  # ImageNet-1k training images: the default epoch at 224 px and above
 CIFAR_TRAIN = 50_000  # CIFAR training images: the default epoch below 224 px
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises a one-line :class:`ConfigError` instead of printing usage and exiting."""
-
-    def error(self, message: str):
-        raise ConfigError(message)
 
 
 def parser() -> ArgumentParser:
