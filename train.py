@@ -1,5 +1,5 @@
 """Train a model: ``python train.py attention=window`` (the ``vitzoo-train`` command; options:
-vitzoo/conf/train.yaml; ``-m`` sweeps)."""
+configs/train.yaml; ``-m`` sweeps)."""
 from vitzoo.train import main
 
 if __name__ == "__main__":

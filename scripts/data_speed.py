@@ -18,7 +18,7 @@ from vitzoo.registry import ConfigError
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the experiment, e.g. data.batch_size=256")
-    p.add_argument("--experiment", default="cifar10_vit", help="vitzoo/conf/experiment/ name")
+    p.add_argument("--experiment", default="cifar10_vit", help="configs/experiment/ name")
     p.add_argument("--blocks", type=int, default=6, help="timed blocks per arm (alternating)")
     p.add_argument("--steps", type=int, default=50, help="training steps per block")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps per arm first")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write the cost text that docs/backends.md and vitzoo/conf/attention/<name>.yaml repeat, from the registry.
+"""Write the cost text that docs/backends.md and configs/attention/<name>.yaml repeat, from the registry.
 
     python scripts/gen_docs.py            # rewrite the backend table and each YAML's "Cost <formula>." sentence
     python scripts/gen_docs.py --check    # exit 1, naming each file and block that differs; one line if none

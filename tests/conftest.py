@@ -14,7 +14,7 @@ from vitzoo.attention import ATTENTION, MixerContext, attention_family, build_at
 from vitzoo.configs import CONFIG_DIR, attention_options
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = CONFIG_DIR  # the Hydra configs shipped inside the package (vitzoo/conf)
+CONFIGS = CONFIG_DIR  # the Hydra configs shipped inside the package (configs/, installed as vitzoo/conf)
 CIFAR_ROOT = Path(os.environ.get("VITZOO_CIFAR10", ROOT.parent / "shared" / "data" / "cifar10"))
 
 # torch threads of a test process: at most 2, and at most the cores per pytest-xdist worker (``-n 2`` on 2 cores:

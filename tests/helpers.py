@@ -23,7 +23,7 @@ BENCH_TINY = dict(warmup=1, repeats=1, min_time=0.0, max_time=10.0, threads=1, l
 
 
 def compose_cfg(overrides=(), out_dir=None, config: str = "train", hydra: bool = False):
-    """``vitzoo/conf/<config>.yaml`` composed with ``overrides`` (as the command line would).
+    """``configs/<config>.yaml`` composed with ``overrides`` (as the command line would).
 
     Args:
         overrides: command-line style overrides, e.g. ``["attention=window", "+model.depth=1"]``.

@@ -1,7 +1,7 @@
 """Each backend's class attribute ``formula`` is the one source of its cost text.
 
 docs/backends.md's "Attention backends" table and the ``Cost <formula>.`` sentence of each
-``conf/attention/<name>.yaml`` are generated from the registry (``python scripts/gen_docs.py``); these tests
+``configs/attention/<name>.yaml`` are generated from the registry (``python scripts/gen_docs.py``); these tests
 keep the committed files equal to the generated text and show that ``--check`` catches a hand edit.
 docs/flops.md's table (``scripts/flops.py --formulas``) is compared with the class attribute.
 """
@@ -27,7 +27,7 @@ def gen_docs():
 
 @pytest.fixture
 def copies(tmp_path):
-    """A copy of docs/backends.md and of ``conf/attention`` to edit: ``(doc, conf_dir)``."""
+    """A copy of docs/backends.md and of ``configs/attention`` to edit: ``(doc, conf_dir)``."""
     doc = tmp_path / "backends.md"
     shutil.copyfile(BACKENDS_DOC, doc)
     conf_dir = tmp_path / "attention"

@@ -227,3 +227,15 @@ def test_no_module_over_400_lines_unless_listed():
     too_long = {p: n for p, n in sizes.items() if n > MAX_LINES and p not in LONG_FILES}
     assert not too_long, f"split these modules (or list them with a reason in LONG_FILES): {too_long}"
     assert all(sizes.get(p, 0) > MAX_LINES for p in LONG_FILES), "a listed file is short now: drop it from LONG_FILES"
+
+
+def test_wheel_lists_every_package_and_ships_the_top_level_configs():
+    """pyproject.toml names its packages (configs/ is mapped into the wheel as vitzoo.conf): a new subpackage
+    missing from the list would be missing from the wheel."""
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vitzoo").rglob("__init__.py")}
+    assert set(setup["packages"]) == folders | {"vitzoo.conf"}
+    assert setup["package-dir"] == {"vitzoo.conf": "configs"}
+    assert (ROOT / "configs" / "train.yaml").is_file() and not (ROOT / "vitzoo" / "conf").exists()

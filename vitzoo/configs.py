@@ -1,4 +1,4 @@
-"""The one reader of the Hydra option files shipped with the package (``vitzoo/conf/<group>/<option>.yaml``).
+"""The one reader of the Hydra option files (``configs/<group>/<option>.yaml``, installed as ``vitzoo/conf``).
 
 Scripts, benchmarks and tests that need "what ``attention=<name>`` composes" outside Hydra read it
 here, so there is one loader (not one per caller).
@@ -10,11 +10,21 @@ from typing import Any
 
 import yaml
 
-CONFIG_DIR = Path(__file__).resolve().parent / "conf"  # package data: installed with vitzoo
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def find_config_dir() -> Path:
+    """The Hydra configs: ``vitzoo/conf`` in an installed wheel (``configs/`` shipped as package data),
+    else ``configs/`` beside the package in a source checkout (editable install, ``PYTHONPATH``)."""
+    packaged = PACKAGE_DIR / "conf"
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "configs"
+
+
+CONFIG_DIR = find_config_dir()  # the one place every reader of the option files takes the folder from
 
 
 def group_options(group: str, option: str) -> dict[str, Any]:
-    """The values of ``conf/<group>/<option>.yaml`` (its ``defaults:`` list dropped); ``{}`` if absent.
+    """The values of ``configs/<group>/<option>.yaml`` (its ``defaults:`` list dropped); ``{}`` if absent.
 
     Args:
         group: config group folder, e.g. ``"attention"``.

@@ -1,5 +1,5 @@
 """Evaluate a checkpoint: ``vitzoo-eval ckpt_path=outputs/…/checkpoints/last.ckpt`` or ``python -m vitzoo.eval ...``
-(options: ``vitzoo/conf/eval.yaml``)."""
+(options: ``configs/eval.yaml``)."""
 import hydra
 from omegaconf import DictConfig
 

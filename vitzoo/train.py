@@ -1,5 +1,5 @@
 """Train a model: ``vitzoo-train attention=window`` or ``python -m vitzoo.train ...`` (options:
-``vitzoo/conf/train.yaml``; ``-m`` sweeps). Output folders are relative to the launch folder."""
+``configs/train.yaml``; ``-m`` sweeps). Output folders are relative to the launch folder."""
 import sys
 
 import hydra

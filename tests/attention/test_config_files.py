@@ -1,4 +1,4 @@
-"""``conf/attention/<name>.yaml`` against the backends' config dataclasses.
+"""``configs/attention/<name>.yaml`` against the backends' config dataclasses.
 
 The dataclass is the one source of every default: each YAML file repeats them for readers, and these checks keep
 the copies equal. The first line's ``Cost <formula>.`` is generated from the class (tests/test_docs.py).

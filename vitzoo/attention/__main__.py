@@ -1,7 +1,7 @@
 """A backend's options with their comments: ``python -m vitzoo.attention performer``.
 
 Without a name, every backend with its paper and cost (the first line of its YAML). The options are read from
-``vitzoo/conf/attention/<name>.yaml`` (what ``attention=<name>`` composes, each option with its comment) and
+``configs/attention/<name>.yaml`` (what ``attention=<name>`` composes, each option with its comment) and
 the backend's config dataclass (anything the YAML leaves out, at its default).
 """
 from __future__ import annotations

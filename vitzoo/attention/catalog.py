@@ -6,7 +6,7 @@ columns. From them this module writes:
 
 * the "Attention backends" table of ``docs/backends.md``, between :data:`BEGIN` and :data:`END`
   (the prose around the markers is written by hand);
-* the ``Cost <formula>.`` sentence that ends the first line of each ``conf/attention/<name>.yaml``
+* the ``Cost <formula>.`` sentence that ends the first line of each ``configs/attention/<name>.yaml``
   (the description before it, naming the paper, is written by hand).
 
 ``python scripts/gen_docs.py`` rewrites both; ``--check`` lists every file and block that differs.
@@ -100,7 +100,7 @@ def replace_block(text: str, body: str, where: str) -> str:
 
 
 def yaml_with_cost(text: str, formula: str, where: str) -> str:
-    """``text`` (a ``conf/attention/<name>.yaml``) with its first line ending in ``Cost <formula>.``.
+    """``text`` (a ``configs/attention/<name>.yaml``) with its first line ending in ``Cost <formula>.``.
 
     Args:
         text: the YAML file's text.

@@ -97,7 +97,7 @@ def _choices(run: Path) -> dict[str, str]:
         key, sep, value = o.lstrip("+~").partition("=")
         if sep and "." not in key:
             choices[key] = value
-    if not choices.get("model"):  # job folders are named <num>_<model>_<attention> by vitzoo/conf/hydra/default.yaml
+    if not choices.get("model"):  # job folders are named <num>_<model>_<attention> by configs/hydra/default.yaml
         choices["model"] = next((m for m in list_models() if f"_{m}_" in f"_{run.name}_"), None)
     return choices
 
@@ -383,10 +383,10 @@ def compare_runs(folder: Path | str, out: Optional[Path | str] = None, x: str = 
 
 def sweep_command(experiment: str = "zoo_digits", backends: Optional[Sequence[str]] = None) -> str:
     """The multirun command line with the backend list spelled out (the experiment file's
-    ``attention: glob(*)`` already sweeps every ``vitzoo/conf/attention/*.yaml``).
+    ``attention: glob(*)`` already sweeps every ``configs/attention/*.yaml``).
 
     Args:
-        experiment: ``vitzoo/conf/experiment/<name>.yaml``.
+        experiment: ``configs/experiment/<name>.yaml``.
         backends: backends to list (default: every registered one).
     """
     names = list(backends) if backends else select_backends()

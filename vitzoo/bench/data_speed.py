@@ -53,7 +53,7 @@ def measure(experiment: str = "cifar10_vit", overrides: Sequence[str] = (), bloc
     """Alternate ``blocks`` blocks of ``steps`` training steps per arm; return the median images/s of each.
 
     Args:
-        experiment: a ``vitzoo/conf/experiment/`` name (its data and model).
+        experiment: a ``configs/experiment/`` name (its data and model).
         overrides: more Hydra overrides, e.g. ``["data.batch_size=256"]``.
         blocks: timed blocks per arm (alternating).
         steps: training steps per block.

@@ -1,5 +1,5 @@
 """What ``scripts/flops.py`` builds: the default attention of a model, attention specs from
-``vitzoo/conf/attention``, the published GMACs it compares against."""
+``configs/attention``, the published GMACs it compares against."""
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -33,7 +33,7 @@ def pair_cells(model_name: str, att: str, second: bool) -> dict[str, str]:
     """One ``--all`` row as ``{column: text}``: the counts, or why the pair was not measured.
 
     Args:
-        model_name: variant; att: backend (its ``vitzoo/conf/attention`` options); second: run FlopCounterMode too.
+        model_name: variant; att: backend (its ``configs/attention`` options); second: run FlopCounterMode too.
     """
     t0 = time.time()
     cells = dict(model=model_name, attention=att)
@@ -143,7 +143,7 @@ def scaling(values: dict[str, Any]) -> int:
     write_csv(out / "scaling.csv", header, raw)  # MACs; the Markdown and the console show GMACs
     plot_scaling(out / "scaling.png", grids, series, dim, heads, window)
     intro = (f"GMACs of one attention layer (C={dim}, h={heads}, no prefix token, each backend's "
-             f"vitzoo/conf/attention YAML options, natural window {window}) for one image, measured with fvcore "
+             f"configs/attention YAML options, natural window {window}) for one image, measured with fvcore "
              f"(equal to the analytic count unless a note says otherwise). Exponent: slope of log MACs "
              f"against log N between the two largest grids (1: linear, 2: quadratic).\n")
     (out / "scaling.md").write_text("# Attention cost versus tokens\n\n" + intro + "\n" + markdown(header, rows)

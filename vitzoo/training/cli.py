@@ -27,7 +27,7 @@ from vitzoo.registry import ConfigError
 
 
 def group_choices(group: str) -> list[str]:
-    """The options of ``vitzoo/conf/<group>/`` (file names without ``.yaml``)."""
+    """The options of ``configs/<group>/`` (file names without ``.yaml``)."""
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
@@ -86,7 +86,7 @@ def check_numbers(args: Sequence[str]) -> None:
 
 
 def yaml_model_keys() -> set[str]:
-    """The keys every variant's ``conf/model/*.yaml`` sets (a ``# @package _global_`` file under its ``model:``);
+    """The keys every variant's ``configs/model/*.yaml`` sets (a ``# @package _global_`` file under its ``model:``);
     a preset (a file with a defaults list, e.g. ``vit_cifar_fast``) inherits its variant's keys and adds options."""
     keys: Optional[set[str]] = None
     for path in sorted((CONFIG_DIR / "model").glob("*.yaml")):

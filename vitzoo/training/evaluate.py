@@ -1,4 +1,4 @@
-"""``evaluate(cfg)``: what ``python eval.py ckpt_path=…`` runs (vitzoo/conf/eval.yaml).
+"""``evaluate(cfg)``: what ``python eval.py ckpt_path=…`` runs (configs/eval.yaml).
 
 The model is rebuilt from the checkpoint's own hyper-parameters; the data is the checkpoint's
 training data config unless ``data=<group>`` picks another (``+data.key=value`` changes one option

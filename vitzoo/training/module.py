@@ -131,7 +131,7 @@ class VitModule(pl.LightningModule):
         self.optim = build_config(OptimConfig, optim or {}, "optim")
         options = dict(model)
         if "name" not in options:
-            raise ConfigError("missing model.name; choose model= one of the vitzoo/conf/model/ files")
+            raise ConfigError("missing model.name; choose model= one of the configs/model/ files")
         name = options.pop("name")
         self.net = create_model(name, attention=attention, **options)
         if options.get("pretrained") is not None:  # checkpoints rebuild the resolved architecture, not the source

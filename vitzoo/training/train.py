@@ -1,4 +1,4 @@
-"""``train(cfg)``: what ``python train.py …`` runs (vitzoo/conf/train.yaml).
+"""``train(cfg)``: what ``python train.py …`` runs (configs/train.yaml).
 
 Order: results.json (status running) -> data (checked) -> model (checked) -> FLOPs table -> fit ->
 validate the best checkpoint -> export -> inference throughput -> results.json (finished). Any

@@ -28,7 +28,7 @@ class EfficientAttention(QKVAttention):
     """``ρq(Q)(ρk(K)ᵀV)``: d global context vectors mixed per query; cost :attr:`formula` (d = C/h).
 
     Args:
-        cfg: EfficientConfig (validated options, see ``vitzoo/conf/attention/efficient.yaml``).
+        cfg: EfficientConfig (validated options, see ``configs/attention/efficient.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 

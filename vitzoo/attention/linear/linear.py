@@ -44,7 +44,7 @@ class LinearAttention(QKVAttention):
     """Kernel attention with ``φ = elu + 1``; its cost is :attr:`formula` (d = C/h).
 
     Args:
-        cfg: LinearConfig (validated options, see ``vitzoo/conf/attention/linear.yaml``).
+        cfg: LinearConfig (validated options, see ``configs/attention/linear.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 

@@ -68,7 +68,7 @@ class PerformerAttention(RandomFeatureAttention):
     """FAVOR+ attention; its cost is :attr:`formula`.
 
     Args:
-        cfg: PerformerConfig (validated options, see ``vitzoo/conf/attention/performer.yaml``).
+        cfg: PerformerConfig (validated options, see ``configs/attention/performer.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 

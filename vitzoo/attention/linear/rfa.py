@@ -101,7 +101,7 @@ class RFAAttention(RandomFeatureAttention):
     :attr:`trig_formula` (2D features).
 
     Args:
-        cfg: RFAConfig (validated options, see ``vitzoo/conf/attention/rfa.yaml``).
+        cfg: RFAConfig (validated options, see ``configs/attention/rfa.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 

@@ -55,7 +55,7 @@ class LinformerAttention(QKVAttention):
     """Attention over k sequence-projected keys/values; its cost is :attr:`formula`.
 
     Args:
-        cfg: LinformerConfig (validated options, see ``vitzoo/conf/attention/linformer.yaml``).
+        cfg: LinformerConfig (validated options, see ``configs/attention/linformer.yaml``).
         ctx: dims, heads, grid, prefix tokens and layer index from the host block.
     """
 
