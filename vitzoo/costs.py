@@ -1,8 +1,13 @@
 """Analytic costs of the plain layers every backbone uses and of an FFT (one home, imported by blocks, models,
-the Fourier mixers and :mod:`vitzoo.flops`). Unit: multiply-adds (MACs) for one image, fvcore's conventions."""
+the Fourier mixers and :mod:`vitzoo.flops`). Unit: multiply-adds (MACs) for one image, fvcore's conventions.
+Memory: :class:`Saved`, one tensor of a ``memory()`` formula (bytes autograd keeps for backward)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import torch
 
 
 def layernorm_flops(numel: int, affine: bool = True) -> int:
@@ -42,3 +47,47 @@ def fft_flops(points: int, real: bool = False) -> int:
     if points <= 1:
         return 0
     return math.floor((1.25 if real else 2.5) * points * math.log2(points) + 0.5)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One tensor autograd keeps from a training step's forward for its backward, as an analytic memory
+    formula (``memory()`` beside ``flops()``) lists it; the measured side is
+    :class:`vitzoo.measure.activations.SavedTensorCounter`.
+
+    Args:
+        name: what the tensor is, e.g. ``"qkv input (bf16 cast)"`` or ``"attention output"``.
+        numel: its elements (for a batch of images).
+        itemsize: bytes per element: 4 for fp32, 2 for bf16/fp16, 8 for int64 and complex64, 1 for bool.
+    """
+
+    name: str
+    numel: int
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor holds."""
+        return self.numel * self.itemsize
+
+
+def saved_bytes(items: Iterable[Saved]) -> int:
+    """Total bytes of a memory formula's saved tensors.
+
+    Args:
+        items: what a ``memory()`` returned.
+    """
+    return sum(item.nbytes for item in items)
+
+
+def itemsize(amp: Optional[torch.dtype], cast: bool = True) -> int:
+    """Bytes per element of a tensor an op computes under autocast ``amp`` (``None``: fp32 training).
+
+    Args:
+        amp: the autocast dtype (``torch.bfloat16``, ``torch.float16``) or ``None``.
+        cast: the op runs in the autocast dtype (matmuls, linear layers); ``False`` for ops autocast keeps
+            in fp32 (softmax, layer norm, reductions).
+    """
+    if amp is None or not cast:
+        return 4
+    return torch.empty((), dtype=amp).element_size()

@@ -11,6 +11,9 @@ Contract (one interface for every mixer):
   Swin paper's convention: a fused multiply-add counts 1; softmax, scaling, bias and mask adds,
   activations and reductions count 0). Each matmul is commented where it is counted.
 * ``formula``: the cost as text, e.g. ``"4NC² + 2N²C"``, shown next to the numbers.
+* ``memory(grid, batch, amp)``: the tensors a training forward keeps for backward (:class:`vitzoo.costs.Saved`,
+  name, elements, bytes per element), exact against :class:`vitzoo.measure.activations.SavedTensorCounter`
+  on CPU's default path, as ``flops`` is against fvcore.
 * ``reference(x, grid)``: a plain, slow implementation of the same maths (explicit
   ``softmax(QKᵀ/√d)V`` with the pattern's mask for sparse backends) that tests compare against.
 * ``before_train_step()``: per-step state, called once before every training step, outside ``forward``
@@ -35,9 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitzoo.costs import Saved, itemsize
 from vitzoo.registry import ConfigError
 
 Grid = tuple[int, int]
@@ -175,6 +180,19 @@ class TokenMixer(nn.Module):
     def reference(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1,
+               amp: Optional[torch.dtype] = None) -> list[Saved]:  # pragma: no cover - abstract
+        """The tensors one training forward of this mixer keeps for backward, each storage once: what
+        :class:`vitzoo.measure.activations.SavedTensorCounter` counts as activation bytes inside it on CPU's
+        default path (its input where an op saves it, autocast copies of weights included).
+
+        Args:
+            grid: token grid (default: the construction grid); the prefix tokens come on top.
+            batch: images in the step.
+            amp: autocast dtype (``torch.bfloat16``) or ``None`` for fp32; the input is fp32 either way.
+        """
+        raise NotImplementedError
+
     def before_train_step(self) -> None:
         """Per-step state, called before every training step outside ``forward`` (default: nothing)."""
 
@@ -254,6 +272,33 @@ class QKVAttention(TokenMixer):
 
     def flops(self, grid: Optional[Grid] = None) -> int:
         return self.projection_flops(self.seq_len(grid)) + self.attend_flops(grid or self.grid)
+
+    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """What the two projections keep: each one's input (an autocast copy under ``amp``) and, under
+        ``amp``, its weight's autocast copy. The q/k/v output is the attend's to list (it saves views of it).
+
+        Args:
+            n: tokens per image; batch: images; amp: autocast dtype or ``None``.
+        """
+        C, size = self.dim, itemsize(amp)
+        items = [Saved("qkv input", batch * n * C, size), Saved("proj input", batch * n * C, size)]
+        if amp is not None:
+            items += [Saved("qkv weight (autocast copy)", 3 * C * C, size),
+                      Saved("proj weight (autocast copy)", C * C, size)]
+        return items
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        grid = grid or self.grid
+        return self.projection_memory(self.seq_len(grid), batch, amp) + self.attend_memory(grid, batch, amp)
+
+    def attend_memory(self, grid: Grid, batch: int,
+                      amp: Optional[torch.dtype]) -> list[Saved]:  # pragma: no cover - abstract
+        """What :meth:`attend` keeps for backward (the q/k/v projection's output storage among it).
+
+        Args:
+            grid: token grid; batch: images; amp: autocast dtype or ``None``.
+        """
+        raise NotImplementedError
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:  # pragma: no cover
         raise NotImplementedError

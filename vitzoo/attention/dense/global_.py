@@ -9,12 +9,15 @@ Every token, prefix tokens included, attends to every token. Runs through
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
+import torch
 from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
 from vitzoo.attention.functional import dense_attention, sdpa, sdpa_flops
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -36,6 +39,12 @@ class GlobalAttention(QKVAttention):
         n = self.seq_len(grid)
         # QKᵀ: N·N·d per head, AV: N·N·d per head -> 2N²C over h heads
         return sdpa_flops(1, self.num_heads, n, n, self.head_dim)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        n, h, C, size = self.seq_len(grid), self.num_heads, self.dim, itemsize(amp)
+        # CPU's fused kernel keeps q, k, v (views of the projection's output), its output and the row log-sum-exp
+        return [Saved("q|k|v (projection output)", batch * n * 3 * C, size),
+                Saved("attention output", batch * n * C, size), Saved("row log-sum-exp", batch * h * n, 4)]
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         return dense_attention(q, k, v)
