@@ -34,6 +34,7 @@ from torch import Tensor
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
 from vitzoo.attention.functional import sdpa
+from vitzoo.costs import Saved, itemsize
 
 HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the eval sample index (odd, spread over N)
 RAW_HIGH = 1 << 62  # training draws are uniform in [0, 2^62); key = draw mod n (bias below n / 2^62)
@@ -228,6 +229,18 @@ class ProbSparseAttention(QKVAttention):
         u = sample_count(self.cfg.factor, n)
         # sampled scores: N·U·d per head; the u active queries: u·N·d (scores) + u·N·d (weights · V) per head
         return n * u * self.dim + 2 * u * n * self.dim
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """The measurement and the top-u pick run without gradient; the u active queries go through CPU's fused
+        SDPA kernel (it keeps q, k, v, its output and the row log-sum-exp); the gather of the active queries and
+        the scatter of their rows keep the top-u indices. The mean of V and the scatter keep no activation."""
+        n, h, d, C, size = self.seq_len(grid), self.num_heads, self.head_dim, self.dim, itemsize(amp)
+        u = sample_count(self.cfg.factor, n)
+        return [Saved("q|k|v (projection output)", batch * n * 3 * C, size),  # [B, N, 3C]: k, v saved by SDPA
+                Saved("top-u query indices", batch * h * u, 8),  # [B, h, u] int64: gather and scatter index
+                Saved("active queries", batch * h * u * d, size),  # [B, h, u, d] gathered q
+                Saved("active attention output", batch * h * u * d, size),  # [B, h, u, d]
+                Saved("active row log-sum-exp", batch * h * u, 4)]  # [B, h, u] fp32
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """Per (image, head): the measurement from explicit samples, a sort, then full softmax rows."""
