@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check
 from vitzoo.attention.functional import sdpa
+from vitzoo.costs import Saved, itemsize
 
 PROJECTIONS = ("separate", "shared")
 
@@ -144,6 +145,55 @@ class AxialAttention(QKVAttention):
         H, W = grid
         P, C = self.num_prefix, self.dim
         return 2 * H * W * (H + W + P) * C + 2 * P * self.seq_len(grid) * C
+
+    # ------------------------------------------------------------------------------------ memory
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        grid = grid or self.grid
+        items = self.projection_memory(self.seq_len(grid), batch, amp)
+        if not self.separate:
+            return items + self.attend_memory(grid, batch, amp)
+        C, size = self.dim, itemsize(amp)
+        items += [Saved("qkv_col input", batch * self.seq_len(grid) * C, size)]  # [B, N, C]: the row pass's heads
+        if amp is not None:
+            items += [Saved("qkv_col weight (autocast copy)", 3 * C * C, size)]  # [3C, C]
+        return items + self.line_memory(grid, batch, amp, "row") + self.line_memory(grid, batch, amp, "column")
+
+    def line_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype], axis: str) -> list[Saved]:
+        """What one pass of :meth:`line_attention` keeps: its fused SDPA's per-line q, k, v (copies: the heads
+        do not merge with the lines in the projection's layout), output and log-sum-exp, and with prefix tokens
+        the prefix rows' SDPA, which saves the q|k|v projection output itself.
+
+        Args:
+            grid: (H, W); batch: images; amp: autocast dtype or None; axis: ``"row"`` or ``"column"``.
+        """
+        B, h, d, C, P, size = batch, self.num_heads, self.head_dim, self.dim, self.num_prefix, itemsize(amp)
+        H, W = grid
+        lines, length = (H, W) if axis == "row" else (W, H)
+        kv = B * h * lines * (P + length) * d  # [B, h·lines, P + length, d]: prefix keys in front of the line's
+        items = [Saved(f"{axis} k (per line)", kv, size), Saved(f"{axis} v (per line)", kv, size),
+                 Saved(f"{axis} output", B * H * W * C, size),  # [B, h·lines, length, d]
+                 Saved(f"{axis} log-sum-exp", B * h * H * W, 4)]  # [B, h·lines, length] fp32
+        if h > 1 or not P:  # one head and a prefix: the query lines are a view of the projection output (below)
+            items.append(Saved(f"{axis} q (per line)", B * H * W * C, size))  # [B, h·lines, length, d]
+        if P:  # prefix queries over every token: [B, h, P, d] from q, k, v [B, h, N, d]
+            items += [Saved(f"{axis} q|k|v (projection output)", B * (P + H * W) * 3 * C, size),
+                      Saved(f"{axis} prefix output", B * P * C, size),  # [B, h, P, d]
+                      Saved(f"{axis} prefix log-sum-exp", B * h * P, 4)]  # [B, h, P] fp32
+        return items
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """``shared``: the row pass (:meth:`line_memory`) and the column SDPA over per-column copies of q, k and
+        the row outputs (with one head they are views: of the q|k|v storage, held by the row pass, and of the
+        row outputs, ``[B, 1, N, d]``)."""
+        B, h, C, size, (H, W) = batch, self.num_heads, self.dim, itemsize(amp), grid
+        if h > 1:
+            columns = [Saved("column q, k, row output (per column)", 3 * B * H * W * C, size)]  # 3 x [B, h·W, H, d]
+        else:
+            columns = [Saved("row output (all tokens)", B * self.seq_len(grid) * C, size)]  # [B, 1, N, d]
+        return self.line_memory(grid, batch, amp, "row") + columns + [
+            Saved("column output", B * H * W * C, size),  # [B, h·W, H, d]
+            Saved("column log-sum-exp", B * h * H * W, 4)]  # [B, h·W, H] fp32
 
     # ------------------------------------------------------------------------------------ reference
 
