@@ -13,9 +13,9 @@ from vitzoo.layers.reduction_options import EViTConfig
 from vitzoo.layers.token_reduction import (
     ToMe,
     ToMeConfig,
-    _global_attention,
     sequence_backends,
     set_training_progress,
+    size_bias,
 )
 from vitzoo.models import create_model
 
@@ -97,11 +97,21 @@ def test_size_weighted_attention_is_attention_over_repeated_tokens():
     attn = create_model("vit_cifar", attention="global", **TINY).blocks[0].attn.double().eval()
     x = torch.randn(1, 5, 32, dtype=torch.float64)
     size = torch.tensor([1.0, 3.0, 1.0, 2.0, 1.0], dtype=torch.float64)[None, :, None]
-    out, _, _ = _global_attention(attn, x, size)
+    out, _, _ = attn.forward_with_keys(x, (1, 4), size_bias(size))
     repeated = x.repeat_interleave(size[0, :, 0].long(), dim=1)  # [1, 8, 32]
-    full, _, _ = _global_attention(attn, repeated, None)
+    full, _, _ = attn.forward_with_keys(repeated, (1, 7))
     first = torch.cumsum(size[0, :, 0].long(), 0) - size[0, :, 0].long()  # each token's first copy
     torch.testing.assert_close(out, full[:, first])
+    torch.testing.assert_close(attn.forward_with_keys(x, (1, 4))[0], attn(x, (1, 4)))  # no bias: the backend itself
+
+
+def test_reducers_read_keys_only_from_backends_that_expose_them():
+    """The capability is declared on the class: a backend without it is refused by EViT, and ToMe falls back
+    to the mixer's input as its similarity."""
+    with pytest.raises(ConfigError, match="exposes its queries and keys"):
+        tiny({"name": "evit", "locations": [0]}, "efficient")
+    assert not tiny("tome", "efficient").blocks[0].reducer.use_keys
+    assert tiny("tome", "global").blocks[0].reducer.use_keys
 
 
 def test_evit_keeps_the_top_tokens_and_fuses_the_rest():

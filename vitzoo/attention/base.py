@@ -30,6 +30,9 @@ Capability flags are class attributes checked when the model is built:
 * ``sequence_capable`` / ``takes_sequence(cfg)``: the output depends on the tokens as a sequence only (no grid,
   windows, local pattern or fixed length), so the backend runs on a token-reduced sequence; ``takes_sequence``
   answers for one config (``relu_linear`` with multi-scale heads needs the grid).
+* ``exposes_attention``: :meth:`TokenMixer.forward_with_keys` returns q and k and takes an additive key bias,
+  so token reducers use the backend itself (ToMe's key similarity and size-weighted attention, EViT's
+  class-token ranking) instead of a copy of it.
 
 A backend's family is the subpackage its module lives in (:func:`vitzoo.attention.attention_family`).
 """
@@ -121,6 +124,7 @@ class TokenMixer(nn.Module):
     linear_cost: ClassVar[bool] = False  # cost grows linearly in N (checked by tests 16x16 -> 64x64)
     impls: ClassVar[tuple[str, ...]] = ()  # values of the config's ``impl`` option (empty: no such option)
     sequence_capable: ClassVar[bool] = False  # runs on any token sequence (token reduction may precede it)
+    exposes_attention: ClassVar[bool] = False  # forward_with_keys: q, k and an additive key bias (token reducers)
     flop_handles: ClassVar[dict] = {}  # extra fvcore op handles this backend needs, e.g. {"aten::fft_fft2": fn}
     registry_name: ClassVar[str]
 
@@ -192,6 +196,21 @@ class TokenMixer(nn.Module):
             amp: autocast dtype (``torch.bfloat16``) or ``None`` for fp32; the input is fp32 either way.
         """
         raise NotImplementedError
+
+    def forward_with_keys(self, x: Tensor, grid: Grid,
+                          key_bias: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``forward`` that also returns its queries and keys and adds ``key_bias`` to every score row
+        (backends declaring :attr:`exposes_attention`; token reducers call it).
+
+        Args:
+            x: ``[B, N, C]`` tokens; grid: token grid.
+            key_bias: ``[B, 1, 1, N]`` added to ``QKᵀ/√d`` before the softmax (ToMe's ``log s``), or ``None``.
+
+        Returns:
+            the output ``[B, N, C]``, q and k ``[B, h, N, d]``.
+        """
+        raise ConfigError(f"attention={self.registry_name} does not expose its queries and keys; "
+                          f"a token reducer that reads them needs attention=global")
 
     def before_train_step(self) -> None:
         """Per-step state, called before every training step outside ``forward`` (default: nothing)."""

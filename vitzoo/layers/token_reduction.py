@@ -37,7 +37,6 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitzoo.attention import ATTENTION, attention_class, attention_config
@@ -75,8 +74,9 @@ def check_backend(spec: Any, attention: Any, class_token: bool) -> None:
                                 f"local patterns or a fixed length); use a sequence backend "
                                 f"({', '.join(sequence_backends())})")
     if name == "evit":
-        check(att == "global", f"{opt} ranks tokens by the class token's softmax attention: use attention=global "
-                               f"(got attention={att})")
+        check(cls.exposes_attention, f"{opt} ranks tokens by the class token's softmax attention, which needs a "
+                                     f"backend that exposes its queries and keys: use attention=global "
+                                     f"(got attention={att})")
         check(class_token, f"{opt} needs model.class_token=true")
 
 
@@ -90,9 +90,9 @@ def attach_reducers(spec: Any, attention: Any, blocks: nn.ModuleList, num_prefix
     cfg = reduction_config(spec)
     cls = REDUCTIONS.get(REDUCTIONS.name_of(cfg))[0]
     dim, head_dim = blocks[0].attn.dim, blocks[0].attn.head_dim
-    name = ATTENTION.name_of(attention_config(attention))
+    exposes = attention_class(attention).exposes_attention  # the reducer reads the mixer's keys and weights its scores
     check_no_growth(cfg, math.prod(blocks[0].attn.grid))
-    for i, reducer in cls.for_blocks(cfg, len(blocks), num_prefix, dim, name).items():
+    for i, reducer in cls.for_blocks(cfg, len(blocks), num_prefix, dim, exposes).items():
         reducer.dims = (dim, head_dim)  # (C, d) of the host block's mixer
         blocks[i].reducer = reducer
 
@@ -163,9 +163,10 @@ def _part_flops(module: nn.Module, size: Any) -> int:
     return _mlp_flops(module, size)
 
 
-def _head_parts(block: nn.Module, grid: Grid, n: int, global_path: bool) -> list[tuple[str, nn.Module, Any]]:
-    """norm1, then the mixer: whole, or (``global`` run by the reducer) only its two projections."""
-    if not global_path:
+def _head_parts(block: nn.Module, grid: Grid, n: int, with_keys: bool) -> list[tuple[str, nn.Module, Any]]:
+    """norm1, then the mixer: whole, or (run by the reducer through ``forward_with_keys``, whose attention the
+    reducer's row counts) only its two projections."""
+    if not with_keys:
         return [("norm1", block.norm1, n), ("attn", block.attn, grid)]
     return [("norm1", block.norm1, n), ("attn.qkv", block.attn.qkv, n), ("attn.proj", block.attn.proj, n)]
 
@@ -180,12 +181,9 @@ def _mlp_flops(mlp: nn.Module, n: int) -> int:
     return n * (fc1.in_features * fc1.out_features + fc2.in_features * fc2.out_features)
 
 
-def _global_attention(attn: nn.Module, x: Tensor, size: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """The ``global`` backend's own projections around size-weighted SDPA; also returns q and k ``[B, h, N, d]``."""
-    q, k, v = attn.split_heads(x)
-    mask = None if size is None else size.log()[:, None, None, :, 0].to(q.dtype)  # [B, 1, 1, N]: + log s_j
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attn.attn_drop.p if attn.training else 0.0)
-    return attn.merge_heads(o), q, k
+def size_bias(size: Tensor) -> Tensor:
+    """ToMe's proportional attention term ``log s_j`` as a key bias ``[B, 1, 1, N]`` (sizes ``[B, N, 1]``)."""
+    return size.log()[:, None, None, :, 0]
 
 
 def _finish(block: nn.Module, x: Tensor) -> Tensor:
@@ -197,8 +195,8 @@ class ToMe(TokenReducer):
     """Bipartite soft matching after the mixer of every block (see the module docstring).
 
     Args:
-        cfg: ToMeConfig; num_prefix: prefix tokens (at most 1, kept unmerged); use_keys: the block's mixer is
-        ``global`` (keys as the similarity, size-weighted attention).
+        cfg: ToMeConfig; num_prefix: prefix tokens (at most 1, kept unmerged); use_keys: the block's mixer
+        exposes its attention (keys as the similarity, size-weighted attention).
     """
 
     formula = "2N²C (global) + ⌈N/2⌉·⌊N/2⌋·c"  # the reducer's own ops (the block's modules it calls have their rows)
@@ -209,9 +207,9 @@ class ToMe(TokenReducer):
         self.dims = (0, 0)  # (C, d) of the host block's mixer, set by attach_reducers
 
     @classmethod
-    def for_blocks(cls, cfg: ToMeConfig, depth: int, num_prefix: int, dim: int, attention: str):
+    def for_blocks(cls, cfg: ToMeConfig, depth: int, num_prefix: int, dim: int, exposes: bool):
         check(num_prefix <= 1, f"model.token_reduction=tome keeps one class token unmerged (got {num_prefix})")
-        return {i: cls(cfg, num_prefix, attention == "global") for i in range(depth)}
+        return {i: cls(cfg, num_prefix, exposes) for i in range(depth)}
 
     def merged(self, n: int) -> int:
         return min(self.r, (n - self.num_prefix) // 2)
@@ -222,7 +220,7 @@ class ToMe(TokenReducer):
     def forward(self, block, x, grid, size):
         h = block.norm1(x)
         if self.use_keys:
-            out, _, k = _global_attention(block.attn, h, size)
+            out, _, k = block.attn.forward_with_keys(h, grid, size_bias(size))
             metric = k.mean(dim=1)  # [B, N, d]
         else:
             out, metric = block.attn(h, grid), h  # [B, N, C]
@@ -289,7 +287,7 @@ class EViT(TokenReducer):
         self.train_keep_rate = self.schedule.rate_at(epoch)
 
     @classmethod
-    def for_blocks(cls, cfg: EViTConfig, depth: int, num_prefix: int, dim: int, attention: str):
+    def for_blocks(cls, cfg: EViTConfig, depth: int, num_prefix: int, dim: int, exposes: bool):
         locations = range(3, depth, 3) if cfg.locations is None else cfg.locations
         check(all(i < depth for i in locations),
               f"model.token_reduction.locations must be blocks of the model (< model.depth={depth}, got "
@@ -305,7 +303,7 @@ class EViT(TokenReducer):
         return 1 + k + (k < n - 1)
 
     def forward(self, block, x, grid, size):
-        out, q, k = _global_attention(block.attn, block.norm1(x), None)
+        out, q, k = block.attn.forward_with_keys(block.norm1(x), grid)
         x = x + block.drop_path(out)
         cls_attn = ((q[:, :, :1] @ k.transpose(-2, -1)) * block.attn.scale).softmax(dim=-1)  # [B, h, 1, N]: N·d
         score = cls_attn.mean(dim=1)[:, 0, 1:]  # [B, N − 1]
@@ -348,7 +346,7 @@ class TokenLearner(TokenReducer):
         self.mlp = nn.Sequential(nn.Linear(dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.num_tokens))
 
     @classmethod
-    def for_blocks(cls, cfg: TokenLearnerConfig, depth: int, num_prefix: int, dim: int, attention: str):
+    def for_blocks(cls, cfg: TokenLearnerConfig, depth: int, num_prefix: int, dim: int, exposes: bool):
         location = depth // 2 if cfg.location is None else cfg.location
         check(location < depth, f"model.token_reduction.location must be a block of the model "
                                 f"(< model.depth={depth}, got {location})")

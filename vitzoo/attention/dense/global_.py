@@ -30,10 +30,17 @@ class GlobalAttention(QKVAttention):
     """Multi-head self-attention over all N = P + H·W tokens; its cost is :attr:`formula`."""
 
     sequence_capable = True  # the output depends on the tokens as a sequence only
+    exposes_attention = True  # forward_with_keys: token reducers read its keys and weight its scores
     formula = "4NC² + 2N²C"
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
-        return sdpa(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid, key_bias: Optional[Tensor] = None) -> Tensor:
+        return sdpa(q, k, v, attn_mask=key_bias, dropout_p=self.attn_drop.p if self.training else 0.0)
+
+    def forward_with_keys(self, x: Tensor, grid: Grid,
+                          key_bias: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.split_heads(x)
+        bias = None if key_bias is None else key_bias.to(q.dtype)  # the scores' dtype (bf16 under autocast)
+        return self.merge_heads(self.attend(q, k, v, grid, bias)), q, k
 
     def attend_flops(self, grid: Grid) -> int:
         n = self.seq_len(grid)
