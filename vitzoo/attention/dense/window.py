@@ -32,8 +32,9 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
 from vitzoo.attention.functional import dense_attention, sdpa
+from vitzoo.costs import Saved, itemsize
 from vitzoo.ops import dispatch
-from vitzoo.ops.window import window_core
+from vitzoo.ops.window import _keeps_probs, window_core
 
 
 @dataclass
@@ -238,6 +239,28 @@ class WindowAttention(QKVAttention):
             return tokens
         prefix_out = o.view(B, nw, t, -1)[:, :, :P].mean(dim=1)  # [B, P, C]
         return torch.cat([prefix_out, tokens], dim=1)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """What the windows' attention keeps in a training step on the CPU, where ``window_attention`` dispatches
+        to :class:`~vitzoo.ops.window.WindowCore` (attention dropout takes the SDPA form, which this formula does
+        not cover: a one-line ConfigError). Args as :meth:`QKVAttention.attend_memory`."""
+        nw, t, h, C, size = num_windows(grid, self.window_size), self.num_prefix + self.window_size ** 2, \
+            self.num_heads, self.dim, itemsize(amp)
+        with torch.enable_grad():  # the dispatch of a training call (a gradient-carrying qkv on the CPU)
+            qkv = torch.zeros((), requires_grad=True).expand(batch, self.seq_len(grid), 3 * C)  # [B, N, 3C]
+            path = dispatch.select("window_attention", qkv, self.attn_drop.p, nw * h)
+        check(path == "cpu_core", f"attention=window: memory() covers the CPU core only, not the SDPA form that "
+                                  f"model.attn_drop_rate={self.attn_drop.p} takes")
+        masked = self.shift_size(grid) > 0 or padded_grid(grid, self.window_size) != tuple(grid)
+        stats = ("probabilities", t) if _keeps_probs(t, self.head_dim) else ("row log-sum-exp", 1)
+        items = [
+            Saved("windows' q|k|v heads", 3 * batch * nw * h * t * self.head_dim, size),  # [3, B·nW·h, T, d]
+            Saved("score base (bias + mask)", (nw if masked else 1) * h * t * t, 4),  # [nW or 1, h, T, T] fp32
+            Saved(f"{stats[0]} (fp32)", batch * nw * h * t * stats[1], 4),  # [B·nW·h, T, T or 1]
+        ]
+        if self.plain_partition(grid) is None:  # outputs written through rows: one spare row in proj's input
+            items.append(Saved("proj input's spare row (prefix and padding slots)", C, size))  # [1, C]
+        return items
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Dense ``softmax(QKᵀ/√d + B)V`` over all ``P + H·W`` tokens, its allowed pairs derived from
