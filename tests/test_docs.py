@@ -3,15 +3,14 @@
 docs/backends.md's "Attention backends" table and the ``Cost <formula>.`` sentence of each
 ``configs/attention/<name>.yaml`` are generated from the registry (``python scripts/gen_docs.py``); these tests
 keep the committed files equal to the generated text and show that ``--check`` catches a hand edit.
-docs/flops.md's table (``scripts/flops.py --formulas``) is compared with the class attribute.
+So is docs/flops.md's "Every backend's formula" table (formula, symbols and ``flops()`` at one layer).
 """
 from __future__ import annotations
 
-import re
 import shutil
 
 import pytest
-from conftest import ATTENTION_NAMES, CONFIGS, ROOT, attention_classes
+from conftest import CONFIGS, ROOT, attention_classes
 from helpers import load_file
 
 from vitzoo.attention import catalog
@@ -90,13 +89,15 @@ def test_generated_row_shows_the_class_formula_flags_family_and_options():
     assert rows[1].split(" | ")[2] == "super-linear"
 
 
-def flops_doc_formulas() -> dict[str, str]:
-    """``{backend: formula}`` from docs/flops.md's "Every backend's formula" table (``scripts/flops.py --formulas``)."""
-    text = (ROOT / "docs" / "flops.md").read_text(encoding="utf-8")
-    section = text.split("## Every backend's formula", 1)[1].split("\n## ", 1)[0]
-    rows = [re.match(r"^\| `([^`]+)` \| `([^`]*)` \|", line) for line in section.splitlines()]
-    return {m.group(1): m.group(2) for m in rows if m}
-
-
-def test_flops_doc_table_repeats_each_class_formula():
-    assert flops_doc_formulas() == {name: attention_classes()[name].formula for name in ATTENTION_NAMES}
+def test_check_names_the_flops_doc_with_a_value_changed_by_hand_and_writing_restores_it(gen_docs, copies, tmp_path,
+                                                                                      capsys):
+    doc, conf_dir = copies
+    flops_doc = tmp_path / "flops.md"
+    committed = (ROOT / "docs" / "flops.md").read_text(encoding="utf-8")
+    row = next(line for line in committed.splitlines() if line.startswith("| `global` | `4NC² + 2N²C` |"))
+    flops_doc.write_text(committed.replace(row, row.replace("22.680 M", "22.000 M")), encoding="utf-8")
+    assert gen_docs.main(["--check"], doc=doc, conf_dir=conf_dir, flops_doc=flops_doc) == 1
+    err = capsys.readouterr().err
+    assert f"{flops_doc}: block flops-formulas differs from the registry" in err and "+" + row in err
+    assert gen_docs.main([], doc=doc, conf_dir=conf_dir, flops_doc=flops_doc) == 0
+    assert flops_doc.read_text(encoding="utf-8") == committed

@@ -9,7 +9,8 @@ columns. From them this module writes:
 * the ``Cost <formula>.`` sentence that ends the first line of each ``configs/attention/<name>.yaml``
   (the description before it, naming the paper, is written by hand).
 
-``python scripts/gen_docs.py`` rewrites both; ``--check`` lists every file and block that differs.
+``python scripts/gen_docs.py`` rewrites both (and docs/flops.md's formula table, from :mod:`vitzoo.flops`);
+``--check`` lists every file and block that differs.
 """
 from __future__ import annotations
 
@@ -139,8 +140,17 @@ def check(doc: Path, conf_dir: Path = CONFIG_DIR / "attention") -> list[str]:
         doc: ``docs/backends.md`` (or a copy of it).
         conf_dir: the folder of ``<name>.yaml`` files.
     """
+    return differences(generated_files(doc, conf_dir))
+
+
+def differences(files: dict[Path, tuple[str, str]]) -> list[str]:
+    """One message per file whose text differs from the text it should hold, with the differing lines.
+
+    Args:
+        files: ``{path: (block, text)}`` as :func:`generated_files` gives it (other generators add theirs).
+    """
     problems = []
-    for path, (block, want) in generated_files(doc, conf_dir).items():
+    for path, (block, want) in files.items():
         have = path.read_text(encoding="utf-8")
         if have != want:
             diff = difflib.unified_diff(have.splitlines(), want.splitlines(), "committed", "generated", n=0,
@@ -157,8 +167,17 @@ def write(doc: Path, conf_dir: Path = CONFIG_DIR / "attention") -> list[Path]:
         doc: ``docs/backends.md`` (or a copy of it).
         conf_dir: the folder of ``<name>.yaml`` files.
     """
+    return write_files(generated_files(doc, conf_dir))
+
+
+def write_files(files: dict[Path, tuple[str, str]]) -> list[Path]:
+    """Rewrite (atomically) every file whose text differs; returns the files written.
+
+    Args:
+        files: ``{path: (block, text)}`` as :func:`generated_files` gives it.
+    """
     written = []
-    for path, (_, want) in generated_files(doc, conf_dir).items():
+    for path, (_, want) in files.items():
         if path.read_text(encoding="utf-8") != want:
             atomic_write_text(path, want)
             written.append(path)

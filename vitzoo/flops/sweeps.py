@@ -213,10 +213,22 @@ def formulas(values: dict[str, Any]) -> int:
     """``--formulas``: every backend's formula, symbols and value at a reference layer (Markdown)."""
     side = int(names(values.get("grids"))[0]) if values.get("grids") else 14
     dim, heads, window = int(values.get("dim") or 128), int(values.get("heads") or 4), int(values.get("window") or 7)
+    print(formula_table(names(values.get("attentions")) or vitzoo.list_attention(), side, dim, heads, window))
+    return 0
+
+
+def formula_table(attentions: list[str], side: int = 14, dim: int = 128, heads: int = 4, window: int = 7) -> str:
+    """Markdown table of each backend's formula, its symbols, ``flops()`` and the formula's value at one layer
+    (docs/flops.md's "Every backend's formula" block, written by ``scripts/gen_docs.py``).
+
+    Args:
+        attentions: registered backend names; side: grid side; dim: channels C; heads: h;
+        window: natural window side for backends whose window option is null.
+    """
     header = ["attention", "formula (MACs)", f"symbols at {side}×{side}, C={dim}, h={heads}", "flops()",
               "formula value", "linear in N", "flags"]
     rows = []
-    for name in (names(values.get("attentions")) or vitzoo.list_attention()):
+    for name in attentions:
         try:
             layer = _layer(name, side, dim, heads, window)
         except ConfigError as e:
@@ -230,9 +242,7 @@ def formulas(values: dict[str, Any]) -> int:
         flags = ", ".join(f for f in ("fixed_length",) if getattr(layer, f))
         rows.append([f"`{name}`", f"`{layer.formula}`", ", ".join(f"{k}={v}" for k, v in sym.items()),
                      f"{flops / 1e6:.3f} M", mark or "(not evaluable)", "yes" if layer.linear_cost else "no", flags])
-    text = markdown(header, rows)
-    print(text)
-    return 0
+    return markdown(header, rows)
 
 
 def timm_counts(name: str) -> dict[str, float]:
