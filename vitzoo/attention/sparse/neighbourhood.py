@@ -13,7 +13,9 @@ from vitzoo.attention.base import Grid, MixerContext, check_non_negative
 from vitzoo.attention.sparse import flex
 from vitzoo.attention.sparse.geometry import Neighbourhood, check_num_global, fit_dilation
 from vitzoo.attention.sparse.halo import HaloGroup
+from vitzoo.attention.sparse.memory import pattern_memory
 from vitzoo.attention.sparse.pattern import HeadGroup, SparsePattern, SparsePatternAttention
+from vitzoo.costs import Saved
 
 
 class NeighbourhoodAttention(SparsePatternAttention):
@@ -35,6 +37,10 @@ class NeighbourhoodAttention(SparsePatternAttention):
                     halo_group(heads, grid, nbhd, self.uses_offsets) if nbhd is not None else HeadGroup(heads)
                 )
         return SparsePattern(grid, groups)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """The blocked path's saved tensors (:func:`vitzoo.attention.sparse.memory.pattern_memory`)."""
+        return pattern_memory(self, grid, batch, amp)
 
     def flex_grid_mod(self, grid: Grid, device: Any) -> flex.GridMod:
         rows, cols = flex.neighbourhood_tables(self.head_patterns(grid), grid)  # [h, H, H], [h, W, W]
