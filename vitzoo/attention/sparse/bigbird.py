@@ -47,7 +47,9 @@ from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative,
 from vitzoo.attention.sparse import flex
 from vitzoo.attention.sparse.geometry import check_odd_kernel, neighbourhood_index, neighbourhood_mask
 from vitzoo.attention.sparse.halo import axis_plan
+from vitzoo.attention.sparse.memory import pattern_memory
 from vitzoo.attention.sparse.pattern import HeadGroup, SparsePattern, SparsePatternAttention, block_count, raster_ids
+from vitzoo.costs import Saved
 from vitzoo.ops.gather import global_mask
 
 
@@ -242,6 +244,11 @@ class BigBirdAttention(SparsePatternAttention):
         allowed[:, :, glob] = True
         block_of = ((torch.arange(H) // b)[:, None] * blocks[1] + (torch.arange(W) // b)[None, :]).flatten()  # [L]
         return allowed, block_of
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """The tiles' saved tensors (:func:`vitzoo.attention.sparse.memory.pattern_memory`): q, k, v storages, the
+        global rows' SDPA and, on the autograd-function path, the tiles' log-sum-exp."""
+        return pattern_memory(self, grid, batch, amp)
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid
