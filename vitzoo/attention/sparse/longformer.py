@@ -76,6 +76,7 @@ from vitzoo.attention.sparse.neighbourhood import (
     NeighbourhoodAttention,
     check_num_global_option,
 )
+from vitzoo.costs import Saved, itemsize
 
 GLOBAL_PROJECTIONS = ("separate", "shared")  # values of attention.global_projections
 GLOBAL_TOKENS = ("persistent", "per_layer")  # values of attention.global_tokens
@@ -196,6 +197,34 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
         """
         extra = 0 if self.qkv_global is None else 2 * n * self.dim * self.dim
         return super().projection_flops(n) + extra
+
+    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """With ``qkv_global``, what :meth:`split_rows` keeps: the input ``x`` (of K_s, V_s and K_g, V_g), the
+        grid rows' and the prefix rows' inputs where they are copies (a slice across images: ``B > 1``; under
+        autocast always: each slice is cast apart) and, under autocast, each weight slice's copy.
+
+        Args:
+            n: tokens N = P + H·W; batch: images; amp: autocast dtype or None.
+        """
+        if self.qkv_global is None:
+            return super().projection_memory(n, batch, amp)
+        B, C, P, size = batch, self.dim, self.num_prefix, itemsize(amp)
+        items = [Saved("qkv input", B * n * C, size), Saved("proj input", B * n * C, size)]  # [B, N, C] each
+        if amp is None:
+            if P and B > 1:  # x[:, P:] flattened for the grid queries: [B·L, C]
+                items.append(Saved("grid queries' input (copy)", B * (n - P) * C, 4))
+            if P > 1 and B > 1:  # x[:, :P] flattened for the prefix queries: [B·P, C]
+                items.append(Saved("prefix queries' input (copy)", B * P * C, 4))
+            return items
+        items += [Saved("grid queries' input (autocast copy)", B * (n - P) * C, size),  # [B, L, C]
+                  Saved("q weight rows (autocast copy)", C * C, size),  # [C, C]
+                  Saved("k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
+                  Saved("global k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
+                  Saved("proj weight (autocast copy)", C * C, size)]  # [C, C]
+        if P:
+            items += [Saved("prefix queries' input (autocast copy)", B * P * C, size),  # [B, P, C]
+                      Saved("global q weight rows (autocast copy)", C * C, size)]  # [C, C]
+        return items
 
     def attend_flops(self, grid: Grid) -> int:
         """The pattern's MACs (:class:`~vitzoo.attention.sparse.pattern.SparsePatternAttention`); with
