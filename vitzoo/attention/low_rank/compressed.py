@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive
 from vitzoo.attention.functional import dense_attention, sdpa
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -142,6 +143,44 @@ class CompressedAttention(TokenMixer):
         total += 2 * n * keys * c  # QKᵀ and AV: per head N×K×d each
         total += n * c * c  # output projection: N×C times C×C
         return total
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps: the projections' and the convolution's inputs (autocast copies of them
+        and of their weights under ``amp``), the norm's statistics and SDPA's q, k|v, output and log-sum-exp.
+
+        With ``reduction: 1`` the q and kv projections take the same input: under ``amp`` each makes its own
+        cast of it (autocast caches casts of leaf tensors only, and a block's input is none).
+
+        Args:
+            grid: token grid (default: the construction grid); batch: images; amp: autocast dtype or ``None``.
+        """
+        grid = grid or self.grid
+        B, n, C, h, r, size = batch, self.seq_len(grid), self.dim, self.num_heads, self.reduction, itemsize(amp)
+        hr, wr = self.reduced_grid(grid)
+        keys = n if r == 1 else self.num_prefix + hr * wr
+        items = [Saved("q input", B * n * C, size)]  # x [B, N, C]
+        if r > 1:
+            items += [
+                Saved("sr input (padded grid image)", B * C * hr * r * wr * r, size),  # [B, C, H'r, W'r]
+                Saved("norm input (sr output)", B * C * hr * wr, size),  # [B, C, H'·W']
+                Saved("norm mean (fp32)", B * hr * wr, 4), Saved("norm rstd (fp32)", B * hr * wr, 4),  # [B, H'·W', 1]
+            ]
+        if r > 1 or amp is not None:  # r = 1 in fp32: kv saves x, the q input's storage
+            items.append(Saved("kv input", B * keys * C, size))  # [B, K, C]
+        items += [
+            Saved("q (projection output)", B * n * C, size),  # [B, N, C]
+            Saved("k|v (projection output)", B * keys * 2 * C, size),  # [B, K, 2C]
+            Saved("attention output", B * n * C, size),  # [B, h, N, d]
+            Saved("row log-sum-exp (fp32)", B * h * n, 4),  # [B, h, N]
+            Saved("proj input", B * n * C, size),  # [B, N, C]
+        ]
+        if amp is not None:
+            items += [Saved("q weight (autocast copy)", C * C, size),  # [C, C]
+                      Saved("kv weight (autocast copy)", 2 * C * C, size),  # [2C, C]
+                      Saved("proj weight (autocast copy)", C * C, size)]  # [C, C]
+            if r > 1:
+                items.append(Saved("sr weight (autocast copy)", C * C * r * r, size))  # [C, C, r, r]
+        return items
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         grid = grid or self.grid

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
 from vitzoo.attention.functional import dense_attention, resample_tokens, sdpa, sdpa_flops
+from vitzoo.costs import Saved, itemsize
 from vitzoo.ops.linformer import linformer_attention_qkv
 
 SHARING = ("none", "headwise", "kv")
@@ -115,6 +116,20 @@ class LinformerAttention(QKVAttention):
         mats, heads = self.seq_proj.shape[:2]
         resample = 0 if tuple(grid) == self.grid else 4 * mats * heads * self.k * grid[0] * grid[1]
         return project + attend + resample
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """What :class:`~vitzoo.ops.linformer.LinformerCore` keeps: the fused projection's output and, at a grid
+        other than the construction grid, the resampled E/F (at the construction grid they are the parameter).
+        Attention dropout in training takes the per-head SDPA form, which this formula does not cover (a one-line
+        ConfigError). Args as :meth:`QKVAttention.attend_memory`."""
+        check(self.attn_drop.p == 0, f"attention=linformer: memory() covers the fused core only, not the per-head "
+                                     f"form that model.attn_drop_rate={self.attn_drop.p} takes")
+        n = self.seq_len(grid)
+        items = [Saved("q|k|v (projection output)", batch * n * 3 * self.dim, itemsize(amp))]  # [B, N, 3C]
+        if tuple(grid) != self.grid:
+            mats, heads = self.seq_proj.shape[:2]
+            items.append(Saved("E/F resampled to the grid (fp32)", mats * heads * n * self.k, 4))  # [mats, heads, N, k]
+        return items
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         e, f = self.projections(grid)

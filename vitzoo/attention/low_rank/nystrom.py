@@ -42,6 +42,7 @@ from torch import Tensor
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention, check_positive
 from vitzoo.attention.functional import sdpa
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -121,6 +122,36 @@ class NystromAttention(QKVAttention):
         total += m * m * c  # pinv · (kernel3 V): per head m×m times m×d
         total += n * m * c  # kernel1 · (...): per head N×m times m×d
         return total
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """What :meth:`attend` keeps: q|k|v, the landmarks, the ``[m, m]`` kernel, the two SDPA calls' outputs and
+        log-sum-exp, and every ``[m, m]`` matrix of the pseudo-inverse iteration (in float32, on a float32 copy of
+        the kernel under ``amp``). Args as :meth:`QKVAttention.attend_memory`."""
+        n, h, d, size, iters = self.seq_len(grid), self.num_heads, self.head_dim, itemsize(amp), self.cfg.iterations
+        _, m, _ = segments(n, self.cfg.landmarks)
+        bh = batch * h
+        items = [
+            Saved("q|k|v (projection output)", batch * n * 3 * self.dim, size),  # [B, N, 3C]
+            Saved("query landmarks", bh * m * d, size), Saved("key landmarks", bh * m * d, size),  # [B, h, m, d]
+            Saved("landmark kernel softmax(Q̃K̃ᵀ/√d)", bh * m * m, size),  # [B, h, m, m]
+            Saved("SDPA output softmax(Q̃Kᵀ/√d)V", bh * m * d, size),  # [B, h, m, d]
+            Saved("its row log-sum-exp (fp32)", bh * m, 4),  # [B, h, m]
+            Saved("softmax(Q̃Kᵀ/√d)V past sdpa()'s NaN guard (the pinv product's operand)", bh * m * d, size),
+        ]
+        if amp is not None:
+            items.append(Saved("landmark kernel (fp32 copy)", bh * m * m, 4))  # [B, h, m, m]
+        items += [
+            Saved("abs column sums, abs row sums (fp32)", 2 * bh * m, 4),  # 2 x [B, h, m]
+            Saved("their maxima and the norm product (fp32)", 3 * bh, 4),  # 3 x [B, h]
+            Saved("Z₀ (fp32)", bh * m * m, 4),  # [B, h, m, m]
+            # per iteration AZ, 7I − AZ, 15I − AZ(..), 13I − AZ(..), Z/4, and each Zₖ the next iteration reads
+            Saved("pseudo-inverse iteration matrices (fp32)", (6 * iters - 1) * bh * m * m, 4),
+            Saved("pseudo-inverse", bh * m * m, size),  # [B, h, m, m] (a bf16 copy under amp)
+            Saved("pinv · softmax(Q̃Kᵀ/√d)V", bh * m * d, size),  # [B, h, m, d]
+            Saved("attention output", batch * n * self.dim, size),  # [B, h, N, d]
+            Saved("row log-sum-exp (fp32)", bh * n, 4),  # [B, h, N]
+        ]
+        return items
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """The same approximation written plainly, one (image, head) at a time: explicit segment
