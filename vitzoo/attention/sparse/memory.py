@@ -30,11 +30,6 @@ class Kept:
         if numel and name not in self.items:
             self.items[name] = Saved(name, numel, size)
 
-    def extend(self, items: list[Saved]) -> None:
-        """Keep tensors that are distinct storages even where their names repeat (autocast copies)."""
-        for item in items:
-            self.items[f"{item.name} #{len(self.items)}"] = item
-
     def list(self) -> list[Saved]:
         return list(self.items.values())
 
@@ -76,11 +71,12 @@ def pattern_memory(attn: Any, grid: Grid, batch: int, amp: Optional[torch.dtype]
         if amp is None:
             kept.add("learned states", B * g * C, 4)  # [B, g, C]: input of their k|v projection
         else:  # the queries' weight rows, the tokens, the k|v weight rows and the states: autocast copies
-            casts = 2 if glob_proj and P else 1  # with qkv_global and prefix rows: K_g, V_g of the states too
-            kept.extend([Saved("learned query weight (autocast copy)", C * C, size),  # [C, C]
-                         Saved("learned tokens (autocast copy)", g * C, size)]  # [g, C]
-                        + [Saved("state k|v weight (autocast copy)", 2 * C * C, size),  # [2C, C]
-                           Saved("learned states (autocast copy)", B * g * C, size)] * casts)  # [B, g, C]
+            kept.add("learned query weight rows (autocast copy)", C * C, size)  # [C, C]
+            kept.add("learned tokens (autocast copy)", g * C, size)  # [g, C]
+            # the states' k|v through qkv and, with qkv_global and prefix rows, through qkv_global: a cast each
+            for proj in ("qkv", "qkv_global")[:2 if glob_proj and P else 1]:
+                kept.add(f"states' {proj} k|v weight rows (autocast copy)", 2 * C * C, size)  # [2C, C]
+                kept.add(f"learned states for {proj} (autocast copy)", B * g * C, size)  # [B, g, C]
     rows = P + Gg  # global query rows
     every = f"every key's {{}} (prefix, learned, grid: [B, h, {P + g} + L, d])"
     # k_all, v_all of the dense, gathered and global rows: k, v themselves without learned tokens
