@@ -10,6 +10,9 @@ Examples (from the repository root):
     # a few backends, ImageNet-size models, on GPU with bf16 autocast and torch.compile
     python scripts/benchmark.py --mode models --attention global,window,performer \
         --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
+    # README's backend guide (scripts/backend_guide.py): vit_cifar at 1,024 and 4,096 grid tokens, one batch each
+    python scripts/benchmark.py --mode models --models vit_cifar --img-size 128,256 --batch 4,1 --batch-per-size \
+        --amp bf16 --no-references --out results/benchmark/whole_model
 
 Outputs go to ``outputs/benchmark/<timestamp>/`` (``--out``): ``models``, ``layers`` and ``references``
 as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, ``environment.json``
@@ -17,6 +20,7 @@ as ``.csv`` and ``.md``, ``report.md`` with all of them, ``layer_scaling.png``, 
 """
 import argparse
 import json
+import shlex
 import sys
 
 from vitzoo.bench import BenchOptions, run_benchmark
@@ -46,6 +50,8 @@ def parse_args(argv=None) -> BenchOptions:
                    help="models mode: JSON object of model config fields on top of each variant, e.g. "
                         "'{\"stem\": \"conv\", \"global_pool\": \"avg\"}' (rows keep the variant's name)")
     p.add_argument("--batch", dest="batches", type=_list(int), default=d.batches, help="comma-separated batch sizes")
+    p.add_argument("--batch-per-size", action="store_true",
+                   help="models mode: the i-th --batch at the i-th --img-size only (default: every size x every batch)")
     p.add_argument("--tokens", type=_list(int), default=d.tokens, help="layer mode: token counts (squares)")
     for name, what in (("dim", "channels C"), ("heads", "heads"), ("batch", "batch"),
                        ("prefix", "prefix (class) tokens")):
@@ -79,7 +85,8 @@ def parse_args(argv=None) -> BenchOptions:
 
 
 def main(argv=None) -> int:
-    run_benchmark(parse_args(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    run_benchmark(parse_args(argv), command=shlex.join(["python", "scripts/benchmark.py", *argv]))
     return 0
 
 

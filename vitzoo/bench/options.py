@@ -32,6 +32,8 @@ class BenchOptions:
             recipe's ``{"stem": "conv", "stem_full_res_convs": 1, "global_pool": "avg", "pos_embed": "sincos"}``);
             rows keep the variant's name, and the timm references are skipped.
         batches: training/inference batch sizes.
+        batch_per_size: models mode: the i-th of ``batches`` runs at the i-th of ``img_sizes`` only (one batch per
+            input side, e.g. a smaller batch at the larger side) instead of every side at every batch.
         tokens: token counts of the layer scaling mode (perfect squares: an s×s grid).
         layer_dim, layer_heads, layer_batch, layer_prefix, layer_window: the single layer's
             channels, heads, batch, prefix tokens and natural window side (backends whose window
@@ -63,6 +65,7 @@ class BenchOptions:
     token_reduction: Optional[str] = None
     model_options: dict = field(default_factory=dict)
     batches: list[int] = field(default_factory=lambda: [64])
+    batch_per_size: bool = False
     tokens: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     layer_dim: int = 128
     layer_heads: int = 4
@@ -100,6 +103,9 @@ class BenchOptions:
                               f"(got {self.token_reduction!r})")
         for model in self.models if self.model_options else ():  # every option checked before any job starts
             MODELS.config({"name": model, **self.model_options})
+        if self.batch_per_size and len(self.batches) != len(self.img_sizes):
+            raise ConfigError(f"--batch-per-size needs one --batch per --img-size (got {len(self.batches)} batches "
+                              f"for {len(self.img_sizes)} sides)")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1 (got {self.repeats})")
 

@@ -54,29 +54,41 @@ def _runner(opts: BenchOptions, common: Mapping[str, Any], stream: Path) -> Run:
     return run
 
 
+def model_cases(opts: BenchOptions, model: str) -> list[tuple[int, int]]:
+    """The (input side, batch) pairs a model runs at: every side at every batch, or with ``batch_per_size`` the
+    i-th side at the i-th batch.
+
+    Args:
+        opts: the run's options; model: the model variant (its own side when ``img_sizes`` is empty).
+    """
+    sides = opts.img_sizes or [model_img_size(model)]
+    if opts.batch_per_size:
+        return list(zip(sides, opts.batches))
+    return [(img, batch) for img in sides for batch in opts.batches]
+
+
 def _run_models(opts: BenchOptions, backends: list[str], run: Run, log: Callable[[str], None],
                 models: list[Row], refs: list[Row]) -> None:
     """Every model × size × batch × backend, and the timm twin where the model has one (none with token
     reduction or model options: timm's twin has neither)."""
     for model in opts.models:
         ref_backend, ref_name = MODEL_REFERENCES.get(model_family(model), (None, None))
-        for img in opts.img_sizes or [model_img_size(model)]:
-            for batch in opts.batches:
-                for backend in backends:
-                    row = run(dict(kind="model", backend=backend, spec=attention_options(backend), model=model,
-                                   img_size=img, batch=batch, token_reduction=opts.token_reduction,
-                                   model_options=opts.model_options))
-                    models.append(row)
-                    log(f"  model {row['model']:11s} {img}px b{batch} {backend:14s} {_brief_model(row)}")
-                if opts.references and ref_backend in backends and opts.token_reduction is None \
-                        and not opts.model_options:
-                    row = run(dict(kind="model_ref", backend=ref_backend, spec=attention_options(ref_backend),
-                                   model=model, img_size=img, batch=batch, reference=ref_name))
-                    row.setdefault("level", "model")
-                    row.setdefault("case", f"{model} {img}px b{batch}")
-                    row.setdefault("reference", ref_name)
-                    refs.append(row)
-                    log(f"  ref   {model:11s} {img}px b{batch} vs {ref_name}: {_brief_ref(row)}")
+        for img, batch in model_cases(opts, model):
+            for backend in backends:
+                row = run(dict(kind="model", backend=backend, spec=attention_options(backend), model=model,
+                               img_size=img, batch=batch, token_reduction=opts.token_reduction,
+                               model_options=opts.model_options))
+                models.append(row)
+                log(f"  model {row['model']:11s} {img}px b{batch} {backend:14s} {_brief_model(row)}")
+            if opts.references and ref_backend in backends and opts.token_reduction is None \
+                    and not opts.model_options:
+                row = run(dict(kind="model_ref", backend=ref_backend, spec=attention_options(ref_backend),
+                               model=model, img_size=img, batch=batch, reference=ref_name))
+                row.setdefault("level", "model")
+                row.setdefault("case", f"{model} {img}px b{batch}")
+                row.setdefault("reference", ref_name)
+                refs.append(row)
+                log(f"  ref   {model:11s} {img}px b{batch} vs {ref_name}: {_brief_ref(row)}")
 
 
 def _run_layer_ref(opts: BenchOptions, backend: str, tokens: int, layer: Mapping[str, Any], run: Run) -> Row:
@@ -135,12 +147,15 @@ def _environment(opts: BenchOptions, device: str, backends: list[str], mem_limit
     return env
 
 
-def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict[str, Any]:
+def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log,
+                  command: Optional[str] = None) -> dict[str, Any]:
     """Run the benchmark described by ``opts`` and write its tables, chart and environment.
 
     Args:
         opts: what to run and how.
         log: receives one progress line per configuration.
+        command: the command line that started the run, kept in ``environment.json`` (``command``) for the
+            tables generated from it.
 
     Returns:
         ``{"out": folder, "models": rows, "layers": rows, "references": rows, "environment": env}``.
@@ -151,6 +166,8 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log) -> dict
     out = Path(opts.out or Path("outputs") / "benchmark" / _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
     env = _environment(opts, device, backends, mem_limit)
+    if command:
+        env["command"] = command
     # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine)
     # and cached for training runs
     peak = matmul_peak(device, precision_dtype(opts.amp), refresh=True)
