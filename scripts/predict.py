@@ -8,11 +8,13 @@ Examples (from the repository root; ``<run>`` is a training run's folder):
     python scripts/predict.py <run>/checkpoints/last.ckpt photos/ --topk 3
 
 Arguments: an export folder (``config.json`` + ``model.safetensors`` / ``model.onnx``) or a ``.ckpt``,
-then image files or folders (searched recursively). The first line on stderr names the runtime (eager
-PyTorch or ONNX Runtime). Images are read by the same guarded reader as training data: regular files
-only (a FIFO is refused without being opened) and at most ``--max-pixels`` pixels. An image that cannot
-be read is one ``error:`` line on stderr naming it; the other images are still predicted (exit status 1
-when any failed). Names are printed with newlines and control characters escaped.
+read by the loader export uses too (:func:`vitzoo.training.evaluate.load_trained`; ``--backend onnx``
+reads ``model.onnx`` of an export folder instead), then image files or folders (searched recursively).
+The first line on stderr names the runtime (eager PyTorch or ONNX Runtime). Images are read by the same
+guarded reader as training data: regular files only (a FIFO is refused without being opened) and at most
+``--max-pixels`` pixels. An image that cannot be read is one ``error:`` line on stderr naming it; the other
+images are still predicted (exit status 1 when any failed); a bad option is one ``error:`` line too.
+Names are printed with newlines and control characters escaped.
 """
 from __future__ import annotations
 
@@ -22,14 +24,8 @@ import sys
 from vitzoo.data.datasets import MAX_PIXELS
 from vitzoo.export import Predictor, image_files, load_predictor, predict_files
 from vitzoo.export.predict import BACKENDS, printable
+from vitzoo.flops.cli import ArgumentParser
 from vitzoo.registry import ConfigError
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises a one-line :class:`ConfigError` instead of printing usage and exiting."""
-
-    def error(self, message: str):
-        raise ConfigError(message)
 
 
 def parser() -> ArgumentParser:
@@ -51,8 +47,8 @@ def load(model: str, backend: str) -> Predictor:
     """The predictor of a checkpoint or an export folder: ONNX Runtime from an export folder, else eager."""
     if backend == "onnx":
         if model.endswith(".ckpt"):
-            raise ConfigError(f"--backend onnx needs an export folder; export {model} with scripts/export.py "
-                              f"ckpt_path={model} formats=[onnx]")
+            raise ConfigError(f"--backend onnx needs an export folder; export {model} with "
+                              f"python scripts/export.py {model} --formats onnx")
         return load_predictor(model, backend="onnx")
     from vitzoo.training.evaluate import load_trained  # Lightning only once the arguments are good
 

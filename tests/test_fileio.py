@@ -6,7 +6,14 @@ import socket
 
 import pytest
 
-from vitzoo.fileio import NotRegularFile, atomic_write_bytes, atomic_write_text, read_regular_bytes, read_regular_text
+from vitzoo.fileio import (
+    NotRegularFile,
+    atomic_path,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_regular_bytes,
+    read_regular_text,
+)
 
 
 def test_atomic_write_replaces_a_symlink_and_leaves_its_target(tmp_path):
@@ -26,6 +33,20 @@ def test_atomic_write_leaves_the_old_file_when_the_write_fails(tmp_path):
     with pytest.raises(TypeError):
         atomic_write_bytes(path, 123)  # the temporary file is created, then the write fails
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["ranking.csv"]
+
+
+def test_atomic_path_gives_a_writer_by_name_a_fresh_file_and_keeps_the_old_one_when_it_fails(tmp_path):
+    path = tmp_path / "last.ckpt"
+    path.write_text("old")
+    with pytest.raises(OSError, match="crash mid-write"), atomic_path(path) as tmp:
+        assert tmp.parent == tmp_path and not tmp.is_symlink() and tmp.read_bytes() == b""
+        tmp.write_text("half")
+        raise OSError("crash mid-write")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+    with atomic_path(path) as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old"  # a reader sees the old file until the block ends
+    assert path.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
 def test_read_regular_refuses_a_fifo_without_blocking(tmp_path):

@@ -1,10 +1,11 @@
 """Files written atomically and never through a symbolic link; files read only when they are regular files.
 
-Every file vitzoo writes for a user (run files, result records, rankings, charts, exports) goes through
-:func:`atomic_write_bytes` / :func:`atomic_write_text`, and files that others may have left in a folder (result
-records, ``results.json`` of a sweep, benchmark tables, Markdown pages) are read with :func:`read_regular_text`,
-which refuses FIFOs, devices and sockets instead of blocking on them. Only the standard library is imported
-here, so every layer may use it.
+Every file vitzoo writes for a user (run files, checkpoints, result records, rankings, charts) goes through
+:func:`atomic_path` (:func:`atomic_write_bytes` / :func:`atomic_write_text` for content in memory; an export's
+files are staged and renamed together by :func:`vitzoo.untrusted.write_folder`), and files that others may have
+left in a folder (result records, ``results.json`` of a sweep, benchmark tables, Markdown pages) are read with
+:func:`read_regular_text`, which refuses FIFOs, devices and sockets instead of blocking on them. Only the
+standard library is imported here, so every layer may use it.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 from vitzoo.registry import ConfigError
 
@@ -39,29 +40,43 @@ def open_new(path: PathLike) -> int:
     return os.open(path, flags, 0o644)
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically and never through a symbolic link.
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """The atomic write every vitzoo file goes through: a fresh temporary file beside ``path`` to fill inside the
+    ``with`` block, renamed over ``path`` when the block ends and removed when it raises.
 
-    The bytes go to a fresh temporary file beside ``path`` (``.<name>.<pid>.<random>.tmp``, created exclusively
-    and without following links), which is then renamed over ``path``: a reader sees the old file or the new one,
-    never half of either. A symbolic link at ``path`` is replaced by the file; its target is left alone.
+    The temporary file (``.<name>.<pid>.<random>.tmp``) is created empty, exclusively and without following links,
+    before the block runs; a writer that opens files by name (Lightning's checkpoint writer) writes into it. A
+    reader of ``path`` sees the old file or the new one, never half of either. A symbolic link at ``path`` is
+    replaced by the file; its target is left alone.
 
     Args:
         path: the file to write (its folder must exist).
-        data: its content.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = open_new(tmp)
+    os.close(open_new(tmp))
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return path
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through :func:`atomic_path`: atomically and never through a symbolic link.
+
+    Args:
+        path: the file to write (its folder must exist).
+        data: its content.
+    """
+    with atomic_path(path) as tmp:
+        flags = os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)  # the file just created, never a link
+        with os.fdopen(os.open(tmp, flags), "wb") as f:
+            f.write(data)
+    return Path(path)
 
 
 def atomic_write_text(path: PathLike, text: str) -> Path:

@@ -1,5 +1,6 @@
 """Checks for data read back from files vitzoo wrote (exports, checkpoints): plain data, never code; and the
-writes every command shares: a new file, an atomic replace, a folder written atomically, none through a symlink.
+writes every command shares beside :mod:`vitzoo.fileio`'s atomic file: a new file and a folder written atomically,
+none through a symlink.
 
 No Lightning import here: :func:`vitzoo.load_model` uses it for inference-only installs.
 """
@@ -17,7 +18,7 @@ from typing import Any, Union
 
 import torch
 
-from vitzoo.fileio import atomic_write_text, open_new
+from vitzoo.fileio import open_new
 from vitzoo.registry import ConfigError
 
 PLAIN = (str, int, float, bool, type(None))
@@ -184,18 +185,6 @@ def write_new(path: Union[str, Path], text: str) -> Path:
     with os.fdopen(open_new(Path(path)), "w") as f:
         f.write(text)
     return Path(path)
-
-
-def replace_file(path: Union[str, Path], text: str) -> Path:
-    """Write ``text`` to ``path`` atomically: into a fresh temporary file beside it, then renamed over ``path``.
-
-    A symlink at ``path`` is replaced by the file, its target is left alone.
-
-    Args:
-        path: the file to write.
-        text: its content.
-    """
-    return atomic_write_text(path, text)  # the one atomic writer (vitzoo.fileio)
 
 
 def free_path(path: Union[str, Path]) -> Path:

@@ -66,7 +66,7 @@ def test_replace_never_deletes_what_is_not_an_export(target, tmp_path, export_sc
     out = {"run folder": run, "file": tmp_path / "notes.txt", "symlink": tmp_path / "link",
            "other folder": tmp_path / "docs"}[target]
     before = tree(tmp_path)
-    code = export_script.main([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"out={out}", "replace=true"])
+    code = export_script.main([str(run / "checkpoints" / "last.ckpt"), "--out", str(out), "--replace"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and str(out) in err[0], err
     assert tree(tmp_path) == before and (tmp_path / "link").is_symlink()
@@ -76,7 +76,7 @@ def test_default_folder_of_a_loose_checkpoint_is_beside_it(tmp_path, export_scri
     run = run_folder(tmp_path / "somewhere")
     loose = tmp_path / "model.ckpt"
     os.replace(run / "checkpoints" / "last.ckpt", loose)
-    assert export_script.main([f"ckpt_path={loose}"]) == 0
+    assert export_script.main([str(loose)]) == 0
     assert capsys.readouterr().out.strip() == f"export -> {tmp_path / 'model-export'}"
     assert is_export(tmp_path / "model-export") and not (tmp_path.parent / "export").exists()
 
@@ -84,10 +84,10 @@ def test_default_folder_of_a_loose_checkpoint_is_beside_it(tmp_path, export_scri
 def test_export_adds_formats_to_the_runs_export_and_prints_the_final_folder(tmp_path, export_script, capsys):
     run = run_folder(tmp_path)
     weights = (run / "export" / "model.safetensors").read_bytes()
-    assert export_script.main([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "formats=[torchscript]"]) == 0
+    assert export_script.main([str(run / "checkpoints" / "last.ckpt"), "--formats", "torchscript"]) == 0
     printed = capsys.readouterr().out
     assert printed.strip().splitlines()[-1] == f"export -> {run / 'export'}" and ".staging" not in printed
-    assert export_script.main([f"ckpt_path={run / 'export'}", "formats=[safetensors,pt2]"]) == 0
+    assert export_script.main([str(run / "export"), "--formats", "safetensors", "pt2"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"export -> {run / 'export'}"
     assert sorted(os.listdir(run)) == ["checkpoints", "export", "results.json"]  # no export-2, no temporary folder
     assert sorted(os.listdir(run / "export")) == ["config.json", "model.pt2", "model.safetensors",
@@ -99,7 +99,7 @@ def test_a_checkpoint_of_other_weights_gets_its_own_folder(tmp_path, export_scri
     run = run_folder(tmp_path)
     export_model(tiny(seed=1), run / "export", data=dict(DATA), replace=True)  # the run's export: other weights
     before = tree(run / "export")
-    assert export_script.main([f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]) == 0
+    assert export_script.main([str(run / "checkpoints" / "last.ckpt")]) == 0
     assert capsys.readouterr().out.strip() == f"export -> {run / 'export-last'}"
     assert tree(run / "export") == before and is_export(run / "export-last")
 
@@ -109,7 +109,7 @@ def test_an_export_of_other_weights_is_replaced_only_when_asked(tmp_path):
     export_model(tiny(seed=0), out, data=dict(DATA), formats=["safetensors", "torchscript"])
     (out / "notes.txt").write_text("mine")
     before = tree(out)
-    with pytest.raises(ConfigError, match=r"^export folder .*export holds an export of other weights .*replace=true"):
+    with pytest.raises(ConfigError, match=r"^export folder .*export holds an export of other weights .*replace=True"):
         export_model(tiny(seed=1), out, data=dict(DATA))
     assert tree(out) == before
     export_model(tiny(seed=1), out, data=dict(DATA), replace=True)

@@ -231,3 +231,4 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="crash mid-write"):
         AtomicCheckpointIO().save_checkpoint({"step": torch.tensor(2)}, target)
     assert torch.load(target, weights_only=True)["step"] == 1  # the old checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left

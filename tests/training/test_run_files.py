@@ -23,6 +23,7 @@ from test_bad_inputs import DIGITS, HPARAMS, TINY, checkpoint, edit_options, exp
 
 import vitzoo
 from vitzoo.export import Predictor, predict_files
+from vitzoo.fileio import atomic_write_text
 from vitzoo.measure.memory import PeakMemory
 from vitzoo.registry import ConfigError
 from vitzoo.training import VitModule, evaluate, segments, train
@@ -30,7 +31,7 @@ from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.resume import RngState, latest_checkpoint
 from vitzoo.training.run_overrides import check_same_run, resume_arguments
 from vitzoo.training.segments import ElapsedTime, TrainingPeakMemory
-from vitzoo.untrusted import replace_file, write_new
+from vitzoo.untrusted import write_new
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 EVAL = ["trainer.limit_val_batches=1", "trainer.enable_progress_bar=false", "benchmark.batch_size=2",
@@ -66,7 +67,7 @@ def test_writes_never_follow_a_symlink(tmp_path):
         write_new(tmp_path / "new.json", "report")
     os.symlink(victim, tmp_path / "results.json")
     os.symlink(victim, tmp_path / "results.json.tmp")
-    replace_file(tmp_path / "results.json", "results")
+    atomic_write_text(tmp_path / "results.json", "results")
     assert victim.read_text() == "precious" and not (tmp_path / "results.json").is_symlink()
     assert (tmp_path / "results.json").read_text() == "results"
 
@@ -103,12 +104,12 @@ def test_export_script_adds_formats_to_the_runs_export(tmp_path, capsys):
     result = run(tmp_path)
     ckpt, first = Path(result["best_ckpt"]), Path(result["export_dir"])
     before = (first / "model.safetensors").read_bytes()
-    assert export.main([f"ckpt_path={ckpt}", "formats=[torchscript]"]) == 0  # the weights the run exported
+    assert export.main([str(ckpt), "--formats", "torchscript"]) == 0  # the weights the run exported
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"export -> {first}"
     assert (first / "model.torchscript.pt").is_file() and (first / "model.safetensors").read_bytes() == before
     assert not (first.parent / "export-2").exists()
-    assert export.main([f"ckpt_path={ckpt}", "replace=maybe"]) == 1
-    assert "error: replace: Value 'maybe' is not a valid bool" in capsys.readouterr().err
+    assert export.main([str(ckpt), "--replace=maybe"]) == 1
+    assert capsys.readouterr().err == "error: argument --replace: ignored explicit argument 'maybe'\n"
 
 
 # ---- no network ----------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -48,7 +49,8 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dic
     """Write ``model.safetensors``, ``config.json`` and the other formats into ``out_dir`` atomically; return it.
 
     Every file is written and checked in a staging folder first, then renamed into ``out_dir`` (see
-    :func:`vitzoo.untrusted.write_folder`): a failed export leaves ``out_dir`` as it was. ``out_dir`` must be
+    :func:`vitzoo.untrusted.write_folder`): a failed export leaves ``out_dir`` as it was, and a full disk or
+    any other ``OSError`` is one :class:`ConfigError` line naming the folder. ``out_dir`` must be
     new, empty, or hold an export (:func:`is_export`); any other folder, a file or a symlink is refused.
     An export of the same weights and config gains the new formats beside its old ones.
 
@@ -76,9 +78,14 @@ def export_model(model: nn.Module, out_dir: Union[str, Path], data: Optional[dic
         if not holds(out, model, config):
             if not replace:
                 raise ConfigError(f"export folder {out} holds an export of other weights or another config; "
-                                  f"replace=true replaces it, or choose another folder")
+                                  f"replace=True (export.py --replace) replaces it, or choose another folder")
             remove = OWNED
-    return write_folder(lambda folder: _write(model, folder, config, formats), out, remove=remove)
+    try:
+        return write_folder(lambda folder: _write(model, folder, config, formats), out, remove=remove)
+    except OSError as e:  # a full disk or a read-only folder: one line, the folder untouched
+        reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
+        raise ConfigError(f"could not write the export to {out} ({reason}); free space there or write elsewhere, "
+                          f"nothing in it changed") from None
 
 
 def export_config(model: nn.Module, data: Optional[dict[str, Any]] = None) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend} is unknown; choose one of {', '.join(BACKENDS)}")
     if p.suffix == ".ckpt":
-        raise ConfigError(f"{p} is a training checkpoint; export it with scripts/export.py ckpt_path={p}")
+        raise ConfigError(f"{p} is a training checkpoint; export it with python scripts/export.py {p}")
     folder = p if p.is_dir() else p.parent
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -66,7 +66,7 @@ def load_predictor(path: str | Path, backend: str = "safetensors") -> Predictor:
         onnx_file = folder / FILES["onnx"]
         if not onnx_file.is_file():
             raise ConfigError(f"the onnx backend needs {onnx_file}; add it with python scripts/export.py "
-                              f"ckpt_path={folder} formats=[onnx]")
+                              f"{folder} --formats onnx")
         return Predictor(read_onnx(onnx_file), data, f"ONNX Runtime ({onnx_file.name})")
     return Predictor(load_model(folder), data, "eager PyTorch (model.safetensors)")
 

@@ -19,6 +19,8 @@ from typing import Optional
 
 import torch
 
+from vitzoo.fileio import atomic_write_text
+
 PEAK_SIZE = {"cpu": 2048, "cuda": 8192}  # side n of the timed n×n @ n×n matmul (n³ MACs per call)
 PEAK_CALLS = 5  # timed calls after two warm-up calls; the fastest call is the peak
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -115,8 +117,6 @@ def _write(path: Path, data: dict) -> None:
     """Write atomically; a read-only cache folder only costs a re-measurement next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass

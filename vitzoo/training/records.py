@@ -25,7 +25,6 @@ from vitzoo.layers.token_reduction import REDUCTIONS
 from vitzoo.measure.environment import cpu_model, git_commit
 from vitzoo.models import list_models
 from vitzoo.registry import ConfigError
-from vitzoo.untrusted import replace_file
 
 RECORD_VERSION = 1  # bump when a field changes meaning
 RECORD_MAX_BYTES = 1 << 20  # a record is a few hundred bytes; a larger file is not read
@@ -155,7 +154,7 @@ def save_record(record_dir: Any, results: Mapping[str, Any], run: Mapping[str, A
     except (OSError, ConfigError) as e:
         detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         message = f"record_dir: cannot write {path} ({detail}); the run trained but its record is missing"
-    replace_file(results_path, json.dumps({**results, "status": "failed", "error": message}, indent=2) + "\n")
+    atomic_write_text(results_path, json.dumps({**results, "status": "failed", "error": message}, indent=2) + "\n")
     raise ConfigError(message)
 
 

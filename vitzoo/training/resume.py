@@ -1,6 +1,5 @@
 """Crash-safe training: ``ckpt_path=auto`` resume, atomic checkpoints, a CSV log that survives a resume,
-RNG state in checkpoints, a stop on non-finite loss, interrupt status and an all-or-nothing
-export.
+RNG state in checkpoints, a stop on non-finite loss and interrupt status.
 
 Each piece plugs into what Lightning already does (a ``CheckpointIO`` plugin, ``Callback`` state,
 a ``CSVLogger`` subclass) instead of replacing it.
@@ -8,7 +7,6 @@ a ``CSVLogger`` subclass) instead of replacing it.
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import json
 import os
@@ -27,9 +25,9 @@ from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from vitzoo.fileio import atomic_path, atomic_write_text
 from vitzoo.registry import ConfigError
 from vitzoo.training.utils import read_checkpoint
-from vitzoo.untrusted import replace_file
 
 AUTO = "auto"  # ckpt_path=auto: the run folder's latest checkpoint, or a fresh start
 
@@ -121,16 +119,16 @@ def interrupted(exc: BaseException) -> bool:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, but a crash mid-write never leaves a truncated ``.ckpt``: the file is
-    written beside the target as ``<name>.tmp`` and renamed over it (``os.replace`` is atomic). A folder in the
-    way (e.g. a ``last.ckpt/`` made by hand) is replaced by the checkpoint."""
+    """Lightning's checkpoint writer, but a crash mid-write never leaves a truncated ``.ckpt``: Lightning writes
+    into the fresh temporary file of :func:`vitzoo.fileio.atomic_path`, which is then renamed over the target. A
+    folder in the way (e.g. a ``last.ckpt/`` made by hand) is replaced by the checkpoint."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        tmp = f"{path}.tmp"
-        super().save_checkpoint(checkpoint, tmp, storage_options)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
 
 
 class Checkpoint(ModelCheckpoint):
@@ -259,7 +257,7 @@ def drop_rows_from(metrics_file: Path, step: int) -> None:
     if len(kept) < len(rows):
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows(kept)
-        replace_file(metrics_file, out.getvalue())
+        atomic_write_text(metrics_file, out.getvalue())
 
 
 class ResumableCSVLogger(CSVLogger):
@@ -375,24 +373,3 @@ def fsdp_strategy(
         activation_checkpointing_policy={Block} if activation_checkpointing else None,
         cpu_offload=cpu_offload,
     )
-
-
-def write_export(write: Any, out_dir: Path) -> None:
-    """Run ``write(out_dir)``, an atomic export (``export_model(..., replace=True)``, built on
-    :func:`vitzoo.untrusted.write_folder`): all files or none.
-
-    A full disk (or any OSError) leaves the folder as it was and is a one-line ConfigError naming ``export``.
-
-    Args:
-        write: writes the export into the folder it is given (e.g. ``partial(export_model, net, data=...)``).
-        out_dir: the export folder.
-    """
-    out_dir = Path(out_dir)
-    try:
-        write(out_dir)
-    except OSError as e:
-        reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or type(e).__name__)
-        raise ConfigError(
-            f"could not write the export to {out_dir} ({reason}); free space there or set export=false "
-            f"(the checkpoints are kept)"
-        ) from None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,6 +19,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from vitzoo.data.datamodules import ImageDataModule
 from vitzoo.export import export_model
+from vitzoo.fileio import atomic_write_text
 from vitzoo.flops import count_flops
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.measure.environment import git_commit
@@ -38,7 +38,6 @@ from vitzoo.training.resume import (
     previous_status,
     resolve_ckpt_path,
     say,
-    write_export,
 )
 from vitzoo.training.run_checks import check_run_options
 from vitzoo.training.run_log import keep_csv, run_console
@@ -64,7 +63,6 @@ from vitzoo.training.utils import (
     unwrap_worker_error,
     write_traceback,
 )
-from vitzoo.untrusted import replace_file
 
 
 def build_datamodule(data_cfg: Any) -> ImageDataModule:
@@ -173,7 +171,7 @@ def keep_finished(results: ResultsFile, kept: Optional[str], **failure: Any) -> 
         results.update(**failure)
         return
     if rank_zero_only.rank == 0:
-        replace_file(results.path, kept)
+        atomic_write_text(results.path, kept)
     say(f"{results.path} kept as it was (this run: {failure['status']}: {failure['error']})")
 
 
@@ -266,7 +264,10 @@ def _fit(
 
     export_dir = out_dir / "export" if cfg.get("export", True) else None
     if export_dir is not None and rank_zero_only.rank == 0:
-        write_export(partial(export_model, module.net, data=dm.describe(), replace=True), export_dir)
+        try:  # all files or none (export_model stages them); a full disk is one line
+            export_model(module.net, export_dir, data=dm.describe(), replace=True)
+        except ConfigError as e:
+            raise ConfigError(f"{e}; export=false skips the export (the checkpoints are kept)") from None
     infer = trainer_throughput(trainer, module.net, bench)
     # MFU: analytic MACs x 3 (forward + backward) per training image over the machine's cached matmul peak
     peak = matmul_peak(trainer.strategy.root_device, precision_dtype(cfg.trainer.get("precision")))

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
+from vitzoo.fileio import atomic_write_text
 from vitzoo.flops import FlopReport
 from vitzoo.measure.timing import time_fns
 from vitzoo.registry import ConfigError, build_config
-from vitzoo.untrusted import replace_file
 
 RESULT_KEYS = (
     "status",
@@ -65,7 +65,7 @@ class ResultsFile:
         self.data.update(fields)
         if rank_zero_only.rank == 0:
             make_run_folder(self.path.parent)
-            replace_file(self.path, json.dumps(self.data, indent=2) + "\n")  # atomic, never through a symlink
+            atomic_write_text(self.path, json.dumps(self.data, indent=2) + "\n")  # atomic, never through a symlink
         return self.data
 
 
@@ -121,7 +121,7 @@ def write_traceback(exc: BaseException, folder: Path) -> Optional[Path]:
     path = Path(folder) / "traceback.txt"
     try:
         make_run_folder(path.parent)
-        return replace_file(path, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return atomic_write_text(path, "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     except (OSError, ConfigError):
         return None  # the one-line error is still printed
 
