@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 
 from vitzoo.fileio import atomic_write_text
+from vitzoo.measure.timing import time_fns
 
 PEAK_SIZE = {"cpu": 2048, "cuda": 8192}  # side n of the timed n×n @ n×n matmul (n³ MACs per call)
 PEAK_CALLS = 5  # timed calls after two warm-up calls; the fastest call is the peak
@@ -41,20 +41,12 @@ def _machine_key(device: torch.device, dtype: str) -> str:
 
 
 def _time_matmul(n: int, dtype: torch.dtype, device: torch.device) -> float:
-    """Seconds of the fastest of :data:`PEAK_CALLS` calls of ``a @ b`` with ``a, b[n, n]``."""
+    """Seconds of the fastest of :data:`PEAK_CALLS` calls of ``a @ b`` with ``a, b[n, n]`` (after two warm-up
+    calls: allocation, kernel selection), timed by the one timing loop, :func:`vitzoo.measure.timing.time_fns`."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    best = float("inf")
-    for i in range(2 + PEAK_CALLS):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= 2:  # two warm-up calls (allocation, kernel selection)
-            best = min(best, time.perf_counter() - t0)
-    return best
+    timing = time_fns({"matmul": lambda: a @ b}, device, warmup=2, repeats=PEAK_CALLS, max_time=0.0, iters=1)
+    return timing["matmul"].min
 
 
 def matmul_peak(device: torch.device | str = "cpu", dtype: str = "fp32", refresh: bool = False) -> float:
