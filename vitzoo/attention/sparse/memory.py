@@ -100,7 +100,9 @@ def pattern_memory(attn: Any, grid: Grid, batch: int, amp: Optional[torch.dtype]
         c = group.heads
         if isinstance(group, HaloGroup):
             nb, S, K = group.mask.shape
-            if attn.halo_bias(group, slice(0, c)) is not None:
+            with torch.no_grad():  # the forward writes the scores out where the group has a bias
+                biased = attn.halo_bias(group, slice(0, c)) is not None
+            if biased:
                 halo_scores_memory(kept, group, (B, h, c, d), G, index, amp)
                 continue
             kept.add(q_name, q_numel, size)
