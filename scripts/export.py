@@ -26,8 +26,7 @@ from pathlib import Path
 
 from vitzoo.export import FILES, export_model
 from vitzoo.export.files import default_export_dir
-from vitzoo.flops.cli import ArgumentParser
-from vitzoo.registry import ConfigError
+from vitzoo.registry import ArgumentParser, ConfigError
 
 FORMATS = ("safetensors", *FILES)  # safetensors (+ config.json) is always written
 

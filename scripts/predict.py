@@ -24,8 +24,7 @@ import sys
 from vitzoo.data.datasets import MAX_PIXELS
 from vitzoo.export import Predictor, image_files, load_predictor, predict_files
 from vitzoo.export.predict import BACKENDS, printable
-from vitzoo.flops.cli import ArgumentParser
-from vitzoo.registry import ConfigError
+from vitzoo.registry import ArgumentParser, ConfigError
 
 
 def parser() -> ArgumentParser:

@@ -7,6 +7,7 @@ options through ``**kwargs``).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 from collections.abc import Mapping
@@ -15,6 +16,14 @@ from typing import Any, Callable
 
 class ConfigError(ValueError):
     """A bad option. The message is one line and names the option to change."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises a one-line :class:`ConfigError` instead of printing usage and exiting (the scripts'
+    command lines: flops, plan, export, predict)."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
 
 
 def _fields(config_cls: type) -> dict[str, dataclasses.Field]:

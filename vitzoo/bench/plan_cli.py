@@ -23,8 +23,7 @@ from vitzoo.bench.plan import (
     largest_batch,
     peak_bytes,
 )
-from vitzoo.flops.cli import ArgumentParser
-from vitzoo.registry import ConfigError
+from vitzoo.registry import ArgumentParser, ConfigError
 
 EPILOG = """examples (from the repository root):
   python scripts/plan.py model=vit_base attention=local model.img_size=1024 data.batch_size=64 --device h100-80gb

@@ -19,7 +19,7 @@ from vitzoo.flops.report import FlopReport, count_flops
 from vitzoo.flops.specs import build, default_attention, spec_from_overrides
 from vitzoo.flops.sweeps import all_pairs, formulas, published, scaling
 from vitzoo.flops.tables import gmacs, human, print_table, signed
-from vitzoo.registry import ConfigError
+from vitzoo.registry import ArgumentParser, ConfigError
 
 EPILOG = """examples (from the repository root):
   python scripts/flops.py model=swin_tiny attention=window     # module | formula | analytic | measured | Δ | torch
@@ -39,13 +39,6 @@ Conventions: docs/flops.md and vitzoo.flops."""
 TOP_KEYS = {"model", "attention", "img_size", "torch", "depth", "out", "models", "attentions", "grids", "dim",
             "heads", "window"}
 MODES = {"formulas": formulas, "scaling": scaling, "published": published, "all": all_pairs}  # run in this order
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises a one-line :class:`ConfigError` instead of printing usage and exiting."""
-
-    def error(self, message: str):
-        raise ConfigError(message)
 
 
 def parser() -> ArgumentParser:
