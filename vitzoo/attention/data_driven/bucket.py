@@ -75,7 +75,7 @@ def look_back(t: Tensor, dim: int, fill: float = 0) -> Tensor:
 
 
 def attend_pieces(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Optional[Tensor] = None,
-                  drop: Optional[nn.Module] = None) -> tuple[Tensor, Tensor]:
+                  drop: Optional[nn.Module] = None, lse: bool = True) -> tuple[Tensor, Optional[Tensor]]:
     """Dense attention inside each piece: ``softmax(q kᵀ·scale + bias) v`` and its log-normaliser.
 
     Args:
@@ -85,9 +85,10 @@ def attend_pieces(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Optional[
         bias: additive ``[..., n, m]`` (broadcastable), ``-inf`` where a key is masked; every row
             must keep at least one key.
         drop: dropout on the attention weights (training only).
+        lse: compute the log-normaliser; False returns None in its place (and autograd keeps no scores).
 
     Returns:
-        ``out[..., n, d]`` and ``lse[..., n]`` (logsumexp of the biased scores of each row).
+        ``out[..., n, d]`` and ``lse[..., n]`` (logsumexp of the biased scores of each row) or None.
     """
     scores = (q * scale) @ k.transpose(-2, -1)  # [..., n, m]
     if bias is not None:
@@ -95,7 +96,7 @@ def attend_pieces(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Optional[
     attn = scores.softmax(dim=-1)
     if drop is not None:
         attn = drop(attn)
-    return attn @ v, scores.logsumexp(dim=-1)
+    return attn @ v, scores.logsumexp(dim=-1) if lse else None
 
 
 def attend_pieces_flops(pieces: int, n: int, m: int, d: int) -> int:
@@ -212,7 +213,7 @@ class BucketAttention(QKVAttention):
         """
         if not self.num_prefix:
             return out_grid
-        out_pre, _ = attend_pieces(qp, k, v, self.scale, bias, self.attn_drop)  # [B, h, P, d]
+        out_pre, _ = attend_pieces(qp, k, v, self.scale, bias, self.attn_drop, lse=False)  # [B, h, P, d]
         return torch.cat([out_pre, out_grid], dim=2)
 
     def dense_prefix_rows(self, qp: Tensor, k: Tensor, v: Tensor, out_grid: Tensor,

@@ -51,6 +51,7 @@ from vitzoo.attention.data_driven.bucket import (
     prefix_part,
     unsort,
 )
+from vitzoo.costs import Saved, itemsize
 
 SELF_PENALTY = 1e5  # subtracted from a token's score with itself (the paper's 10^5)
 MAX_HASHES = 8
@@ -130,9 +131,11 @@ class ReformerAttention(BucketAttention):
         rot = self.rotations[..., :n_b // 2]  # [h, d, n_hashes, n_b/2]
         if self.training and self.cfg.redraw:
             rot = torch.randn_like(rot)
-        proj = x @ rot.flatten(-2)  # [B, h, M, n_hashes·n_b/2]
+        with torch.no_grad():  # argmax has no gradient: autograd keeps nothing of the projection
+            proj = x @ rot.flatten(-2)  # [B, h, M, n_hashes·n_b/2]
         proj = proj.unflatten(-1, (self.cfg.n_hashes, -1))  # [B, h, M, n_hashes, n_b/2]
-        return torch.cat([proj, -proj], dim=-1).argmax(dim=-1).transpose(-1, -2)  # [B, h, n_hashes, M]
+        # contiguous: the sort order then flattens as a view, and the gather keeps no int64 copy of it
+        return torch.cat([proj, -proj], dim=-1).argmax(dim=-1).transpose(-1, -2).contiguous()  # [B, h, n_hashes, M]
 
     def padded_buckets(self, k_grid: Tensor, length: int, n_b: int) -> Tensor:
         """Buckets ``[B, h, R, length]`` of the grid keys ``[B, h, M, d]``; the pad tokens get bucket n_b."""
@@ -224,6 +227,50 @@ class ReformerAttention(BucketAttention):
     def projection_flops(self, n: int) -> int:
         """Shared query-key and value projection ``2nC²`` plus output projection ``nC²``."""
         return 3 * n * self.dim * self.dim
+
+    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """The ``qv`` and output projections' inputs and, under ``amp``, their weights' autocast copies."""
+        C, size = self.dim, itemsize(amp)
+        items = [Saved("qv input", batch * n * C, size), Saved("proj input", batch * n * C, size)]
+        if amp is not None:
+            items += [Saved("qv weight (autocast copy)", 2 * C * C, size),
+                      Saved("proj weight (autocast copy)", C * C, size)]
+        return items
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """Shapes only (buckets change which tokens share a chunk, not the sizes). Every op runs in the q/v
+        projection's dtype under autocast. The prefix keys and values go through batched matmuls that copy them
+        unless the batch or the heads axis has length 1 (then they are views of k and of the q|v storage)."""
+        c, L, _ = self.layout(grid)
+        B, h, d, C, size = batch, self.num_heads, self.head_dim, self.dim, itemsize(amp)
+        N, M, P, R = self.seq_len(grid), grid[0] * grid[1], self.num_prefix, self.cfg.n_hashes
+        items = [Saved("q|v (projection output)", B * N * 2 * C, size),  # [B, N, 2C]: F.normalize keeps q
+                 Saved("query norms", B * h * N, size),  # [B, h, N, 1]
+                 Saved("query norms (clamped)", B * h * N, size),  # [B, h, N, 1]: the divisor of k = q/|q|
+                 Saved("sort order", B * h * R * L, 8),  # [B, h, R, L] int64: the gather's and unsort's index
+                 Saved("q|k|v grid tokens (padded)", B * h * L * 3 * d, size),  # [B, h, L, 3d]: gather input
+                 Saved("chunk keys|values with the previous chunk", B * h * R * L * 4 * d, size),  # [B,h,R,nc,2c,2d]
+                 Saved("chunk queries (scaled)", B * h * R * L * d, size),  # [B, h, R, nc, c, d]
+                 Saved("chunk scores", B * h * R * L * 2 * c, size),  # [B, h, R, nc, c, 2c]: logsumexp input
+                 Saved("chunk attention weights", B * h * R * L * 2 * c, size),  # [B, h, R, nc, c, 2c]
+                 Saved("chunk log-sum-exp", B * h * R * L, size)]  # [B, h, R, nc, c]
+        if not P:
+            return items + [Saved("round outputs (token order)", B * h * R * L * d, size),  # [B, h, R, L, d]
+                            Saved("round weights", B * h * R * M, size)]  # [B, h, R, M]: softmax of the lse
+        items += [Saved("grid queries (scaled)", B * h * M * d, size),  # [B, h, M, d]: vs the prefix keys
+                  Saved("prefix-key scores", B * h * M * P, size),  # [B, h, M, P]
+                  Saved("prefix-key weights", B * h * M * P, size),  # [B, h, M, P]
+                  Saved("prefix-key log-sum-exp", B * h * M, size),  # [B, h, M]
+                  Saved("part weights", B * h * (R + 1) * M, size),  # [B, h, R + 1, M]: rounds and prefix part
+                  Saved("part outputs", B * h * (R + 1) * M * d, size),  # [B, h, R + 1, M, d]
+                  Saved("prefix queries (scaled)", B * h * P * d, size),  # [B, h, P, d]
+                  Saved("prefix-query weights", B * h * P * N, size)]  # [B, h, P, N]
+        if B == 1 or h == 1:  # the matmuls view k and v: k = q/|q| is one storage, v is the projection's
+            return items + [Saved("keys (normalised)", B * N * C, size)]  # [B, h, N, d]
+        return items + [Saved("prefix keys (matmul copy)", B * h * d * P, size),  # [B·h, d, P]
+                        Saved("prefix values (matmul copy)", B * h * P * d, size),  # [B·h, P, d]
+                        Saved("keys (matmul copy)", B * h * d * N, size),  # [B·h, d, N]
+                        Saved("values (matmul copy)", B * h * N * d, size)]  # [B·h, N, d]
 
     def attend_flops(self, grid: Grid) -> int:
         c, length, n_b = self.layout(grid)
