@@ -27,7 +27,10 @@ def counted_and_predicted(name: str, grid: tuple[int, int], amp) -> tuple[int, i
     """
     torch.manual_seed(0)
     mixer = make_attention(name, grid, num_prefix=1, dim=DIM, heads=HEADS).train()
-    x = torch.randn(BATCH, 1 + grid[0] * grid[1], DIM, requires_grad=True)  # [B, 1 + H·W, C]
+    leaf = torch.randn(BATCH, 1 + grid[0] * grid[1], DIM, requires_grad=True)  # [B, 1 + H·W, C]
+    # not a leaf, as in a block (a LayerNorm's output): autocast caches its bf16 copy only for leaves, so each
+    # projection reading the input makes its own copy
+    x = leaf.clone()
     with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
         with SavedTensorCounter(mixer) as counter:
             out = mixer(x, grid)
