@@ -4,12 +4,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Optional
 
+import torch
 from timm.layers import DropPath, Mlp
 from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, build_attention
 from vitzoo.attention.base import Grid
-from vitzoo.costs import layernorm_flops
+from vitzoo.costs import Saved, itemsize, layernorm_flops
+from vitzoo.layers.saved import drop_path_memory, layernorm_memory, mlp_memory, prefixed
 
 
 class Block(nn.Module):
@@ -52,6 +54,43 @@ class Block(nn.Module):
         mlp = n * self.mlp.fc1.in_features * self.mlp.fc1.out_features  # fc1: N·C·hidden
         mlp += n * self.mlp.fc2.in_features * self.mlp.fc2.out_features  # fc2: N·hidden·C
         return 2 * layernorm_flops(n * self.attn.dim) + self.attn.flops(grid) + mlp
+
+    def memory(self, grid: Grid, batch: int = 1, amp: Optional[torch.dtype] = None, stream: int = 4) -> list[Saved]:
+        """The tensors one training forward of the block keeps for backward (each storage once), as
+        :class:`~vitzoo.measure.activations.SavedTensorCounter` counts them on CPU: both norms, the mixer's own
+        :meth:`~vitzoo.attention.base.TokenMixer.memory`, the MLP and the drop-path masks. With a token
+        reduction, its reducer's ``block_memory(block, grid, n, batch, amp)``.
+
+        Args:
+            grid: token grid the block runs at (prefix tokens on top).
+            batch: images in the step.
+            amp: autocast dtype or ``None`` for fp32.
+            stream: bytes per element of the residual stream entering the block (the norms' inputs): 4 in the
+                ViT, whose position embedding keeps it fp32; the autocast size in Swin under autocast.
+
+        Raises:
+            NotImplementedError: the mixer, or the reducer, has no memory formula.
+        """
+        if self.reducer is not None:
+            block_memory = getattr(self.reducer, "block_memory", None)
+            if block_memory is None:
+                raise NotImplementedError(f"token reduction {type(self.reducer).__name__} has no block_memory()")
+            return block_memory(self, grid, self.attn.seq_len(grid), batch, amp)
+        return self.plain_memory(grid, batch, amp, stream)
+
+    def plain_memory(self, grid: Grid, batch: int = 1, amp: Optional[torch.dtype] = None,
+                     stream: int = 4) -> list[Saved]:
+        """:meth:`memory` of the block without reduction (same arguments)."""
+        rows, dim, size = batch * self.attn.seq_len(grid), self.attn.dim, itemsize(amp)
+        # the mixer's output: the autocast dtype (its last op is a projection), or its input's dtype for the
+        # mixers that declare ``keeps_input_dtype`` (the FFT mixers cast their result back to the input's)
+        mixed = stream if getattr(self.attn, "keeps_input_dtype", False) else size
+        items = prefixed("norm1", layernorm_memory(rows, dim, stream))  # [B, N, C] and [B, N, 1] twice
+        items += prefixed("attn", self.attn.memory(grid, batch=batch, amp=amp))
+        items += drop_path_memory("drop_path (mixer)", self.drop_path, batch, mixed)  # [B, 1, 1]
+        items += prefixed("norm2", layernorm_memory(rows, dim, stream))  # the residual sum keeps the stream's dtype
+        items += prefixed("mlp", mlp_memory(self.mlp, rows, amp))
+        return items + drop_path_memory("drop_path (mlp)", self.drop_path, batch, size)  # [B, 1, 1]
 
     def flops_children(self, grid: Grid) -> Iterator[tuple[str, nn.Module, Any]]:
         """The parts :meth:`flops` sums, each with what its cost depends on (for a breakdown).

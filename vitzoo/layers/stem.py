@@ -10,11 +10,14 @@ attention backend sees the same sequence whichever stem is chosen.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from timm.layers import build_sincos2d_pos_embed
 from torch import Tensor, nn
 
+from vitzoo.costs import Saved, itemsize
+from vitzoo.layers.saved import linear_memory
 from vitzoo.registry import ConfigError
 
 Grid = tuple[int, int]
@@ -84,6 +87,27 @@ class ConvStem(nn.Module):
 
     def symbols(self, grid: Grid) -> dict[str, int]:
         return {"H": grid[0], "W": grid[1], "C": self.proj.out_channels}
+
+    def memory(self, grid: Grid, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps for backward (see :mod:`vitzoo.layers.saved`): the image (an autocast
+        copy under ``amp``); per 3×3 convolution its weight's autocast copy, BatchNorm's input (the convolution's
+        output), batch mean and inverse std, and ReLU's output (in place: the next convolution's input, one
+        storage); the 1×1 projection's weight copy.
+
+        Args:
+            grid: the token grid ``(H/p, W/p)``; batch: images; amp: autocast dtype or ``None``.
+        """
+        size, items = itemsize(amp), []
+        for i, (c_in, c_out) in enumerate(zip(self.widths[:-1], self.widths[1:])):
+            scale = 2 ** sum(s == 2 for s in self.strides[i + 1:])  # conv i's map is this many times the grid per side
+            hw = grid[0] * scale * grid[1] * scale
+            image = batch * c_in * hw * self.strides[i] ** 2  # [B, c_in, h·s, w·s]: the image for i = 0
+            items += linear_memory(f"convs.{3 * i}", image, c_out * c_in * 9, amp, keep_input=i == 0)
+            items += [Saved(f"convs.{3 * i + 1} input", batch * c_out * hw, size),  # [B, c_out, h, w]
+                      Saved(f"convs.{3 * i + 1} batch mean (fp32)", c_out, 4),
+                      Saved(f"convs.{3 * i + 1} batch inverse std (fp32)", c_out, 4),
+                      Saved(f"convs.{3 * i + 2} output", batch * c_out * hw, size)]  # [B, c_out, h, w]
+        return items + linear_memory("proj", 0, self.proj.out_channels * self.widths[-1], amp, keep_input=False)
 
 
 def sincos_pos_embed(grid: Grid, dim: int, num_prefix: int) -> Tensor:

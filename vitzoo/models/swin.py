@@ -22,9 +22,10 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, attention_config
 from vitzoo.attention.base import check
-from vitzoo.costs import layernorm_flops
+from vitzoo.costs import Saved, itemsize, layernorm_flops
 from vitzoo.layers.block import Block
 from vitzoo.layers.checkpointing import run_block
+from vitzoo.layers.saved import head_memory, layernorm_memory, linear_memory, patchify_memory, prefixed
 from vitzoo.layers.token_reduction import REDUCTIONS, reduction_config
 from vitzoo.models.factory import check_ranges, register_model
 from vitzoo.models.vit import init_weights
@@ -99,6 +100,13 @@ class PatchMerging(nn.Module):
 
     formula = "5N'·4C + N'·4C·2C"  # norm over 4C + reduction 4C -> 2C, at N' merged tokens
 
+    def memory(self, grid: tuple[int, int], batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """The norm's input (the gathered ``[B, N', 4C]`` copy in the stream's dtype) and row statistics; the
+        reduction's input and weight copy. Args: ``grid`` the input grid, ``batch``, ``amp`` (or ``None``)."""
+        rows, c4 = batch * self.out_grid(grid)[0] * self.out_grid(grid)[1], self.reduction.in_features
+        items = prefixed("norm", layernorm_memory(rows, c4, itemsize(amp)))  # [B, N', 4C], [B, N', 1] twice
+        return items + linear_memory("reduction", rows * c4, self.reduction.out_features * c4, amp)
+
     def symbols(self, grid: tuple[int, int]) -> dict[str, int]:
         """Values of the symbols of :attr:`formula` at input ``grid``: N' merged tokens, C input channels."""
         h, w = self.out_grid(grid)
@@ -162,6 +170,21 @@ class SwinStage(nn.Module):
         return total + (self.downsample.flops(grid) if self.downsample is not None else 0)
 
     formula = "Σ blocks + downsample"  # how flops() is composed (shown in FLOPs breakdowns)
+
+    def memory(self, grid: tuple[int, int], batch: int = 1, amp: Optional[torch.dtype] = None,
+               checkpointing: Optional[bool] = None) -> list[Saved]:
+        """Every block's :meth:`~vitzoo.layers.block.Block.memory` (its input alone under ``checkpointing``,
+        default :attr:`grad_checkpointing`), then the merge's. Args as :meth:`SwinTransformer.memory`."""
+        ckpt = self.grad_checkpointing if checkpointing is None else checkpointing
+        size, items = itemsize(amp), []  # the stream: fp32, or the autocast dtype from the patch norm on
+        for i, blk in enumerate(self.blocks):
+            if ckpt:  # the checkpoint keeps the block's input [B, H·W, C]
+                items.append(Saved(f"blocks.{i}: input (checkpoint)", batch * grid[0] * grid[1] * blk.attn.dim, size))
+            else:
+                items += prefixed(f"blocks.{i}", blk.memory(grid, batch, amp, stream=size))
+        if self.downsample is not None:
+            items += prefixed("downsample", self.downsample.memory(grid, batch, amp))
+        return items
 
     def flops_children(self, grid: tuple[int, int]) -> Iterator[tuple[str, nn.Module, Any]]:
         """The parts :meth:`flops` sums, each at the stage's input ``grid`` (for a breakdown).
@@ -295,6 +318,31 @@ class SwinTransformer(nn.Module):
             grid = grid if stage.downsample is None else PatchMerging.out_grid(grid)
         total += layernorm_flops(grid[0] * grid[1] * self.num_features)  # final norm
         return total + self.num_features * self.cfg.num_classes  # head
+
+    def memory(self, batch: int = 1, amp: Optional[torch.dtype] = None, grid: Optional[tuple[int, int]] = None,
+               checkpointing: Optional[bool] = None) -> list[Saved]:
+        """The tensors one training forward (image to logits, no loss) keeps for backward, each storage once, as
+        :class:`~vitzoo.measure.activations.SavedTensorCounter` counts activation bytes on CPU (names carry the
+        module path). Under autocast the residual stream is in the autocast dtype (the patch norm keeps its input's).
+
+        Args:
+            batch: images in the step; amp: autocast dtype or ``None`` for fp32.
+            grid: token grid of the first stage (default: the construction grid).
+            checkpointing: blocks keep only their input (default: :attr:`grad_checkpointing`).
+
+        Raises:
+            NotImplementedError: the mixer has no memory formula.
+        """
+        p, C, size = self.cfg.patch_size, self.cfg.embed_dim, itemsize(amp)
+        grid = tuple(grid or self.patch_embed.grid_size)
+        image = (grid[0] * p, grid[1] * p)
+        items = prefixed("patch_embed", patchify_memory(batch, self.cfg.in_chans, image, C, p, amp))
+        items += prefixed("patch_embed.norm", layernorm_memory(batch * grid[0] * grid[1], C, size))  # [B, H·W, C]
+        for i, stage in enumerate(self.stages):
+            items += prefixed(f"stages.{i}", stage.memory(grid, batch, amp, checkpointing))
+            grid = grid if stage.downsample is None else PatchMerging.out_grid(grid)
+        items += prefixed("norm", layernorm_memory(batch * grid[0] * grid[1], self.num_features, size))
+        return items + head_memory(batch, self.head, amp, self.cfg.drop_rate, size, batch * self.num_features)
 
     def flops_children(self, img_size: Optional[int] = None) -> Iterator[tuple[str, nn.Module, Any]]:
         """The parts :meth:`flops` sums, each with what its cost depends on (for a breakdown).

@@ -16,10 +16,11 @@ from torch import Tensor, nn
 
 from vitzoo.attention import MixerContext, attention_class, attention_config
 from vitzoo.attention.base import check
-from vitzoo.costs import layernorm_flops
+from vitzoo.costs import Saved, layernorm_flops
 from vitzoo.layers.block import Block
 from vitzoo.layers.checkpointing import run_block
 from vitzoo.layers.mimetic import apply_mimetic_init
+from vitzoo.layers.saved import dropout_memory, head_memory, layernorm_memory, patchify_memory, prefixed
 from vitzoo.layers.stem import ConvStem, sincos_pos_embed
 from vitzoo.layers.token_reduction import attach_reducers, check_backend, reduction_config, sequence_grid
 from vitzoo.models.factory import check_ranges, register_model
@@ -214,6 +215,46 @@ class VisionTransformer(nn.Module):
         n = self.num_prefix + math.prod(self.out_grid(grid))
         total += layernorm_flops(n * C)  # final norm
         return total + C * self.cfg.num_classes  # head
+
+    def memory(self, batch: int = 1, amp: Optional[torch.dtype] = None, grid: Optional[tuple[int, int]] = None,
+               checkpointing: Optional[bool] = None) -> list[Saved]:
+        """The tensors one training forward (image to logits, no loss) keeps for backward, each storage once,
+        as :class:`~vitzoo.measure.activations.SavedTensorCounter` counts activation bytes on CPU: the stem,
+        every block's :meth:`~vitzoo.layers.block.Block.memory`, the final norm and the head. Names carry the
+        module path (``"blocks.0.attn: qkv input"``). The residual stream is fp32 under autocast too: the
+        class token and the position embedding are fp32 parameters.
+
+        Args:
+            batch: images in the step.
+            amp: autocast dtype (``torch.bfloat16``) or ``None`` for fp32.
+            grid: token grid (default: the construction grid; another one resamples the position embedding,
+                which keeps nothing).
+            checkpointing: blocks run under activation checkpointing, keeping only their input (default:
+                :attr:`grad_checkpointing`); blocks with a token reduction never are.
+
+        Raises:
+            NotImplementedError: a mixer or token reduction has no memory formula.
+        """
+        grid = tuple(grid or self.grid)
+        ckpt = self.grad_checkpointing if checkpointing is None else checkpointing
+        C, p = self.cfg.embed_dim, self.cfg.patch_size
+        if isinstance(self.patch_embed, ConvStem):
+            items = prefixed("patch_embed", self.patch_embed.memory(grid, batch, amp))
+        else:
+            image = (grid[0] * p, grid[1] * p)
+            items = prefixed("patch_embed", patchify_memory(batch, self.cfg.in_chans, image, C, p, amp))
+        rows = batch * (self.num_prefix + grid[0] * grid[1])  # [B, P + H·W, C] after the class token
+        items += dropout_memory("pos_drop", self.cfg.drop_rate, rows * C, 4)
+        for i, (blk, blk_grid) in enumerate(zip(self.blocks, self.block_grids(grid))):
+            rows = batch * blk.attn.seq_len(blk_grid)
+            if ckpt and blk.reducer is None:  # the checkpoint keeps the block's input [B, N, C]
+                items.append(Saved(f"blocks.{i}: input (checkpoint)", rows * C, 4))
+            else:
+                items += prefixed(f"blocks.{i}", blk.memory(blk_grid, batch, amp))
+        rows = batch * (self.num_prefix + math.prod(self.out_grid(grid)))
+        items += prefixed("norm", layernorm_memory(rows, C, 4))  # [B, N, C]
+        pooled = rows * C if self.cfg.global_pool == "token" else batch * C  # x[:, 0] views the norm's output
+        return items + head_memory(batch, self.head, amp, self.cfg.drop_rate, 4, pooled)
 
     def flops_children(self, img_size: Optional[int] = None) -> Iterator[tuple[str, nn.Module, Any]]:
         """The parts :meth:`flops` sums, each with what its cost depends on (for a breakdown).

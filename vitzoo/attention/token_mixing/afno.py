@@ -58,6 +58,7 @@ class AdaptiveFourierMixer(TokenMixer):
     """
 
     formula = "2C·⌊5/4·M·log₂(M) + 1/2⌋ + 8FCbf"
+    keeps_input_dtype = True  # returns its input's dtype under autocast (Block.memory reads it)
 
     def __init__(self, cfg: AFNOConfig, ctx: MixerContext):
         super().__init__(cfg, ctx)

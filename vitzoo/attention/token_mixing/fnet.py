@@ -51,6 +51,7 @@ class FNetMixing(TokenMixer):
 
     sequence_capable = True  # the output depends on the tokens as a sequence only
     formula = "⌊5/4·NC·log₂(NC) + 1/2⌋"
+    keeps_input_dtype = True  # returns its input's dtype under autocast (Block.memory reads it)
 
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         xf = x if x.dtype in (torch.float32, torch.float64) else x.float()  # FFT kernels: no bf16, fp16 only 2^k

@@ -93,6 +93,7 @@ class GlobalFilter(TokenMixer):
     """
 
     formula = "2C·⌊5/4·M·log₂(M) + 1/2⌋ + 4FC"
+    keeps_input_dtype = True  # returns its input's dtype under autocast (Block.memory reads it)
     fixed_length = True
 
     def __init__(self, cfg: GFNetConfig, ctx: MixerContext):
