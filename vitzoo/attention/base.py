@@ -304,6 +304,8 @@ class QKVAttention(TokenMixer):
         if amp is not None:
             items += [Saved("qkv weight (autocast copy)", 3 * C * C, size),
                       Saved("proj weight (autocast copy)", C * C, size)]
+            if self.separate_q:  # q and k|v are two products, each casting the (non-leaf) input apart
+                items.append(Saved("k|v input (its own autocast copy)", batch * n * C, size))
         return items
 
     def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:

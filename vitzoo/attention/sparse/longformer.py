@@ -216,7 +216,8 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
             if P > 1 and B > 1:  # x[:, :P] flattened for the prefix queries: [B·P, C]
                 items.append(Saved("prefix queries' input (copy)", B * P * C, 4))
             return items
-        items += [Saved("grid queries' input (autocast copy)", B * (n - P) * C, size),  # [B, L, C]
+        items += [Saved("global k|v input (its own autocast copy)", B * n * C, size),  # [B, N, C]: a second product
+                  Saved("grid queries' input (autocast copy)", B * (n - P) * C, size),  # [B, L, C]
                   Saved("q weight rows (autocast copy)", C * C, size),  # [C, C]
                   Saved("k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
                   Saved("global k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
