@@ -264,6 +264,20 @@ def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Opti
     return "\n".join(out)
 
 
+def guide_text(bench: Path = BENCH, ranking: Optional[Path] = RANKING, model: Optional[str] = None,
+               root: Path = ROOT) -> str:
+    """The block from the benchmark folder ``bench`` and the ranking CSV ``ranking`` (relative paths under ``root``).
+
+    Args:
+        bench: the whole-model benchmark folder; ranking: the CIFAR-10 ranking.csv (None: no CIFAR-10 column);
+        model: the model whose rows to show (default: the only one measured); root: the checkout.
+    """
+    rows, env = read_bench(bench if bench.is_absolute() else root / bench)
+    model = pick_model(rows, model)
+    accuracy = cifar10(ranking if ranking is None or ranking.is_absolute() else root / ranking, model)
+    return block(rows, env, model, accuracy, ranking)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Rewrite (``--check``: compare, ``--print``: print) the block; returns the exit status.
 
@@ -280,12 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--print", dest="show", action="store_true", help="print the block, write nothing")
     a = p.parse_args(argv)
     try:
-        bench = Path(a.bench)
-        rows, env = read_bench(bench if bench.is_absolute() else ROOT / bench)
-        model = pick_model(rows, a.model)
-        ranking = Path(a.ranking) if a.ranking else None
-        accuracy = cifar10(ranking if ranking is None or ranking.is_absolute() else ROOT / ranking, model)
-        text = block(rows, env, model, accuracy, ranking)
+        text = guide_text(Path(a.bench), Path(a.ranking) if a.ranking else None, a.model)
         if a.show:
             print(text)
             return 0

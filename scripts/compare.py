@@ -4,6 +4,7 @@
     python scripts/compare.py results/cifar10                  # committed records + the quiet benchmark
     python scripts/compare.py results/cifar10 --docs docs/results.md   # and refresh the generated block there
     python scripts/compare.py results/cifar10_short --docs docs/results.md --block cifar10-short-ranking
+    python scripts/compare.py results/cifar10_short --docs docs/results.md --block cifar10-short-ranking --check
     python scripts/compare.py results/cifar10/3ep --top 3 --exclude global,window   # names, for follow-up runs
     python scripts/compare.py multirun/zoo_digits/<date>/<time>
     python scripts/compare.py multirun/zoo_digits/<date>/<time> --x infer --out docs/img
@@ -27,10 +28,14 @@ memory, one labelled bubble per run, Pareto front dashed) to ``<folder>/compare/
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Optional
 
 from vitzoo.bench.compare import compare_runs, sweep_command
+from vitzoo.bench.docs_block import refresh_block
 from vitzoo.bench.ranking import rank_records, top_backends
 from vitzoo.registry import ConfigError
 
@@ -39,6 +44,22 @@ def is_record_folder(folder: str) -> bool:
     """True when ``folder`` holds result records (``seed*.json``) and no Hydra job folders."""
     path = Path(folder)
     return any(path.rglob("seed*.json")) and not any(path.rglob(".hydra"))
+
+
+def ranking_block(folder: Any, docs: Any, benchmark: Optional[Any] = None) -> str:
+    """The generated ranking block of ``docs`` from the records under ``folder``, writing nothing there: the
+    tables and charts go to a temporary folder, the chart links point at ``folder``'s charts.
+
+    Args:
+        folder: the record folder; docs: the Markdown file the block is for; benchmark: as ``--benchmark``.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        res = rank_records(folder, benchmark, tmp)
+    text = res["text"]
+    for png in res["charts"]:
+        target = os.path.relpath((Path(folder) / png.name).resolve(), Path(docs).resolve().parent)
+        text = text.replace(f"]({png.name})", f"]({target})")
+    return text
 
 
 def main(argv=None) -> int:
@@ -55,6 +76,8 @@ def main(argv=None) -> int:
                    help="records: name of that block (<!-- NAME:begin --> ... <!-- NAME:end -->), one per recipe")
     p.add_argument("--top", type=int, default=None, help="records: print the K most accurate vit_cifar backends")
     p.add_argument("--exclude", default="", help="records, with --top: comma-separated backends to leave out")
+    p.add_argument("--check", action="store_true",
+                   help="records, with --docs: exit 1 if the block differs from the records; write nothing")
     a = p.parse_args(argv)
     if a.sweep_command:
         print(sweep_command(a.sweep_command))
@@ -70,6 +93,10 @@ def main(argv=None) -> int:
                     print(f"skipped {line}", file=sys.stderr)
                 print(",".join(names))
                 return 0
+            if a.check:
+                if not a.docs:
+                    p.error("--check compares the block of --docs; name the Markdown file")
+                return refresh_block(a.docs, ranking_block(a.folder, a.docs, a.benchmark), a.block, check=True)
             res = rank_records(a.folder, a.benchmark, a.out, a.docs, a.block)
         except (ConfigError, OSError) as e:
             p.exit(2, f"error: {e}\n")

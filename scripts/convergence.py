@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 from vitzoo.bench.docs_block import block_markers, refresh_block
 from vitzoo.fileio import atomic_write_bytes, read_regular_text
@@ -106,6 +107,23 @@ def block(long_run: Path, ten: list[Path], chart_link: str) -> str:
     return "\n".join(lines)
 
 
+def chart_path(record: Path) -> Path:
+    """The chart beside the long run's budget folder: ``results/cifar10/50ep/<model>/<attention>/seed0.json`` ->
+    ``results/cifar10/convergence_global.png``."""
+    return record.parents[3] / CHART
+
+
+def docs_text(record: Path, ten: Path, docs: Optional[Path] = None) -> str:
+    """The block for ``docs`` (its chart link relative to that file; None: as a path from here).
+
+    Args:
+        record: the long run's record; ten: the folder of the 10-epoch records; docs: the Markdown file.
+    """
+    png = chart_path(record)
+    link = os.path.relpath(png.resolve(), docs.resolve().parent) if docs else str(png)
+    return block(record, sorted(ten.glob("seed*.json")), link)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--record", default="results/cifar10/50ep/vit_cifar/global/seed0.json", help="the long run")
@@ -114,11 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="with --docs: fail if the block differs, write nothing")
     a = p.parse_args(argv)
     try:
-        record = Path(a.record)
-        ten = sorted(Path(a.ten).glob("seed*.json"))
-        png = record.parents[3] / CHART  # results/cifar10/50ep/vit_cifar/global/seed0.json -> results/cifar10/
-        link = os.path.relpath(png.resolve(), Path(a.docs).resolve().parent) if a.docs else str(png)
-        text = block(record, ten, link)
+        record, ten = Path(a.record), Path(a.ten)
+        text = docs_text(record, ten, Path(a.docs) if a.docs else None)
         if not a.docs:
             print(text)
         else:
@@ -127,9 +142,10 @@ def main(argv=None) -> int:
                 return status
         if not a.check:
             rec = read(record)
-            atomic_write_bytes(png, chart(rec["top1_per_epoch"], [read(q)["top1"] for q in ten],
-                                          f"CIFAR-10, {rec.get('model')} + {rec.get('attention')}, "
-                                          f"experiment={rec.get('experiment')}"))
+            marks = [read(q)["top1"] for q in sorted(ten.glob("seed*.json"))]
+            atomic_write_bytes(chart_path(record), chart(rec["top1_per_epoch"], marks,
+                                                         f"CIFAR-10, {rec.get('model')} + {rec.get('attention')}, "
+                                                         f"experiment={rec.get('experiment')}"))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,29 +1,50 @@
 #!/usr/bin/env python
-"""Write the cost text that docs/backends.md, docs/flops.md and configs/attention/<name>.yaml repeat, from the registry.
+"""Write every generated block of README.md and docs/*.md, and the YAML cost lines, from their committed sources.
 
-    python scripts/gen_docs.py            # rewrite the two docs tables and each YAML's "Cost <formula>." sentence
-    python scripts/gen_docs.py --check    # exit 1, naming each file and block that differs; one line if none
+    python scripts/gen_docs.py            # rewrite every generated block and each YAML's "Cost <formula>." sentence
+    python scripts/gen_docs.py --check    # exit 1, naming each file and block that differs; one line per source
 
-The logic lives in :mod:`vitzoo.attention.catalog` (backend table, YAML lines) and
-:func:`vitzoo.flops.sweeps.formula_table` (docs/flops.md's "Every backend's formula": formula, symbols and
-``flops()`` at a 14×14, C = 128, h = 4 layer).
+Sources, one generator each:
+
+* the registry: docs/backends.md's backend table, each YAML's cost sentence (:mod:`vitzoo.attention.catalog`) and
+  docs/flops.md's "Every backend's formula" (:func:`vitzoo.flops.sweeps.formula_table`);
+* ``results/docs/<table>.csv`` + ``.json``: docs/results.md's measured tables (:mod:`vitzoo.bench.results_tables`);
+* the CIFAR-10 records: the ablation (``scripts/ablation.py``), the short-recipe and fast-recipe rankings
+  (``scripts/compare.py``) and the convergence curve (``scripts/convergence.py``);
+* the whole-model benchmark: README's backend guide (``scripts/backend_guide.py``).
+
+A generator whose data is not committed yet is skipped with one line. ``--check`` also fails when a figure of
+README's "Results at a glance" (a number with a unit) is in no generated block.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from types import ModuleType
+from typing import Callable, Optional, Sequence
 
 from vitzoo.attention import catalog, list_attention
-from vitzoo.fileio import splice_block
+from vitzoo.bench import results_tables
+from vitzoo.bench.docs_block import read_docs, with_block
+from vitzoo.fileio import atomic_write_text, splice_block
 from vitzoo.flops.sweeps import formula_table
+from vitzoo.registry import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "backends.md"
 FLOPS_DOC = ROOT / "docs" / "flops.md"
 FLOPS_BEGIN = "<!-- generated:flops-formulas:begin (python scripts/gen_docs.py) -->"
 FLOPS_END = "<!-- generated:flops-formulas:end -->"
+RESULTS = "docs/results.md"  # relative to the checkout, as the generated blocks name their sources
+README = "README.md"
+SUMMARY = "Results at a glance"  # README's section whose figures must be in a generated block
+RANKINGS = (("results/cifar10_short", "cifar10-short-ranking"), ("results/cifar10", "cifar10-ranking"))
+LONG_RUN = "results/cifar10/50ep/vit_cifar/global/seed0.json"  # the convergence run (scripts/convergence.py)
+TEN = "results/cifar10/10ep/vit_cifar/global"
+TUNING, BASELINE = "results/cifar10_tuning", "results/cifar10_short/3ep/vit_cifar/global"  # scripts/ablation.py
 
 
 def generated(doc: Path, conf_dir: Path, flops_doc: Path) -> dict[Path, tuple[str, str]]:
@@ -42,8 +63,85 @@ def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (the scripts folder is no package)."""
+    spec = importlib.util.spec_from_file_location(f"vitzoo_script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record_blocks() -> list[tuple[str, str, str, Optional[Callable[[], str]]]]:
+    """``(doc, block, source, text)`` of each block made from records: ``text`` is None where the source is absent.
+
+    Paths are relative to the checkout, the current folder while they are read (the blocks name them so).
+    """
+    blocks = []
+    ablation, compare = script("ablation"), script("compare")
+    blocks.append((RESULTS, ablation.BLOCK, TUNING, (lambda: ablation.table(Path(TUNING), Path(BASELINE)))
+                   if Path(TUNING).is_dir() else None))
+    for folder, block in RANKINGS:
+        has = Path(folder).is_dir() and any(Path(folder).rglob("seed*.json"))
+        blocks.append((RESULTS, block, folder, (lambda f=folder: compare.ranking_block(f, RESULTS)) if has else None))
+    convergence = script("convergence")
+    blocks.append((RESULTS, convergence.BLOCK, LONG_RUN, (lambda: convergence.docs_text(
+        Path(LONG_RUN), Path(TEN), Path(RESULTS))) if Path(LONG_RUN).is_file() else None))
+    guide = script("backend_guide")
+    bench = guide.BENCH / "models.csv"
+    blocks.append((README, guide.BLOCK, str(bench), (lambda: guide.guide_text(root=Path.cwd()))
+                   if bench.is_file() else None))
+    return blocks
+
+
+def refresh_records(check: bool) -> tuple[list[str], list[str]]:
+    """Write (or compare) the blocks made from records under the current folder: ``(report lines, differences)``."""
+    lines, changed = [], []
+    for doc, block, source, text in record_blocks():
+        if text is None:
+            lines.append(f"skipped the {block} block of {doc}: no {source} committed")
+            continue
+        content = read_docs(doc)
+        new = with_block(content, text(), block, doc)
+        if new == content:
+            lines.append(f"{doc}: the {block} block matches {source}")
+        elif check:
+            changed.append(f"{doc}: the {block} block differs from {source}")
+        else:
+            atomic_write_text(Path(doc), new)
+            lines.append(f"wrote the {block} block of {doc} from {source}")
+    return lines, changed
+
+
+def readme_figures() -> list[str]:
+    """Figures of README's results in brief that no generated block of README or docs/results.md holds."""
+    readme = read_docs(README)
+    marker = f"\n## {SUMMARY}\n"
+    if marker not in readme:
+        raise ConfigError(f"{README}: no '## {SUMMARY}' section")
+    summary = readme.split(marker, 1)[1].split("\n## ", 1)[0]
+    generated = results_tables.generated_text(readme) + results_tables.generated_text(read_docs(RESULTS))
+    return [f"{README}: '{SUMMARY}' quotes {f}, which no generated block holds"
+            for f in results_tables.unquoted_figures(summary, generated)]
+
+
+def results(root: Path, check: bool) -> tuple[list[str], list[str]]:
+    """The measured tables, the record blocks and README's figures under ``root``: ``(report lines, differences)``."""
+    if not (root / RESULTS).is_file():
+        return [f"skipped the results blocks: no {RESULTS} under {root}"], []
+    with contextlib.chdir(root):
+        tables = results_tables.refresh_tables(Path("."), list_attention(), check)
+        source = f"{results_tables.FOLDER}/*.csv"
+        lines = ([f"{RESULTS}: the measured tables match {source}"] if not tables else
+                 [] if check else [f"{RESULTS}: wrote {len(tables)} measured table(s) from {source}"])
+        more, changed = refresh_records(check)
+        figures = readme_figures()
+    if not figures:
+        lines.append(f"{README}: every figure of '{SUMMARY}' is in a generated block")
+    return lines + more, (tables if check else []) + changed + figures
+
+
 def main(argv: Optional[Sequence[str]] = None, doc: Path = DOC,
-         conf_dir: Path = catalog.CONFIG_DIR / "attention", flops_doc: Path = FLOPS_DOC) -> int:
+         conf_dir: Path = catalog.CONFIG_DIR / "attention", flops_doc: Path = FLOPS_DOC, root: Path = ROOT) -> int:
     """Rewrite (or with ``--check`` compare) the generated text; returns the exit status.
 
     Args:
@@ -51,6 +149,7 @@ def main(argv: Optional[Sequence[str]] = None, doc: Path = DOC,
         doc: the backends page to generate into.
         conf_dir: the folder of ``<name>.yaml`` files.
         flops_doc: the FLOPs page whose formula table is generated.
+        root: the checkout whose results tables, record blocks and README are generated.
     """
     parser = argparse.ArgumentParser(prog="python scripts/gen_docs.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 on a difference")
@@ -58,20 +157,27 @@ def main(argv: Optional[Sequence[str]] = None, doc: Path = DOC,
     try:
         if args.check:
             problems = catalog.differences(generated(doc, conf_dir, flops_doc))
-            for problem in problems:
-                print(problem.replace(str(ROOT) + "/", ""), file=sys.stderr)
-            if problems:
-                print(f"{len(problems)} generated file(s) differ: run python scripts/gen_docs.py", file=sys.stderr)
-                return 1
-            print(f"generated text up to date: {shown(doc)}, {shown(flops_doc)} and {shown(conf_dir)}/*.yaml")
-            return 0
-        written = catalog.write_files(generated(doc, conf_dir, flops_doc))
-    except ValueError as err:
+        else:
+            written = catalog.write_files(generated(doc, conf_dir, flops_doc))
+        lines, changed = results(root, args.check)
+    except ValueError as err:  # ConfigError included
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {len(written)} file(s)" + "".join(f"\n  {shown(p)}" for p in written))
+    if not args.check:
+        print(f"wrote {len(written)} file(s)" + "".join(f"\n  {shown(p)}" for p in written))
+        print("\n".join(lines))
+        for line in changed:
+            print(line, file=sys.stderr)
+        return 1 if changed else 0
+    for problem in problems + changed:
+        print(problem.replace(str(ROOT) + "/", ""), file=sys.stderr)
+    if problems or changed:
+        print(f"{len(problems) + len(changed)} generated file(s) differ: run python scripts/gen_docs.py",
+              file=sys.stderr)
+        return 1
+    print(f"generated text up to date: {shown(doc)}, {shown(flops_doc)} and {shown(conf_dir)}/*.yaml")
+    print("\n".join(lines))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,10 +16,10 @@ def block_markers(block: str) -> tuple[str, str]:
     """The begin and end comments of the generated block ``block``: ``<!-- block:begin -->``, ``<!-- block:end -->``.
 
     Args:
-        block: lower-case letters, digits and dashes.
+        block: lower-case letters, digits and dashes, with at most one ``prefix:`` (``results:models``).
     """
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", block or ""):
-        raise ConfigError(f"--block {block!r}: use lower-case letters, digits and dashes")
+    if not re.fullmatch(r"([a-z0-9][a-z0-9-]*:)?[a-z0-9][a-z0-9-]*", block or ""):
+        raise ConfigError(f"--block {block!r}: use lower-case letters, digits and dashes (one 'prefix:' allowed)")
     return f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
 
 
