@@ -24,6 +24,7 @@ from vitzoo.flops import count_flops
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.measure.environment import git_commit
 from vitzoo.measure.memory import PeakMemory
+from vitzoo.measure.predicted import amp_dtype, predicted_memory
 from vitzoo.registry import ConfigError
 from vitzoo.training.callbacks import ImagesPerSecond
 from vitzoo.training.history import ValHistory
@@ -254,6 +255,9 @@ def _fit(
     peak.this_process = memory.peak_mb
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     train_peak_mb = peak.peak_mb()  # the largest of every segment's
+    # beside it, the analytic prediction: parameters, gradients, optimizer state and model.memory()'s activations
+    predicted = predicted_memory(module.net, dm.batch_size, amp_dtype(cfg.trainer.get("precision")),
+                                 optimizer=trainer.optimizers[0] if trainer.optimizers else None)
 
     ckpt = trainer.checkpoint_callback
     best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
@@ -282,6 +286,7 @@ def _fit(
         train_mfu=mfu(report.analytic * 3 * (speed.images_per_s or 0), 1.0, peak),
         matmul_peak_gmacs_s=peak / 1e9,
         peak_memory_mb=train_peak_mb,
+        **predicted,
         epochs=trainer.current_epoch,
         steps=trainer.global_step,
         best_ckpt=best,
