@@ -58,6 +58,7 @@ from vitzoo.attention.data_driven.bucket import (
     pad_tokens,
     prefix_part,
 )
+from vitzoo.costs import Saved, itemsize
 
 MAX_ITERS = 100
 SORT_NETS = ("input", "keys", "bilinear")  # attention.sort_net
@@ -250,10 +251,12 @@ class SinkhornAttention(BucketAttention):
         sorted_kv = (r @ kv.flatten(-2)).view_as(kv)  # [B, h, nb, b·2d] -> [B, h, nb, b, 2d] sorted blocks
         keys, values = torch.cat([kv, sorted_kv], -2).chunk(2, -1)  # [B, h, nb, 2b, d] each: own block, sorted block
         bias = self.block_bias(r, b, m)  # [B, h, nb, 1, 2b]
-        out, lse = attend_pieces(qb, keys, values, self.scale, bias, self.attn_drop)  # [B, h, nb, b, d], [B, h, nb, b]
-        out, lse = out.flatten(2, 3)[..., :m, :], lse.flatten(2)[..., :m]  # [B, h, M, d], [B, h, M]
+        # [B, h, nb, b, d], [B, h, nb, b]; the log-normaliser only where a prefix part is merged with it
+        out, lse = attend_pieces(qb, keys, values, self.scale, bias, self.attn_drop, lse=P > 0)
+        out = out.flatten(2, 3)[..., :m, :]  # [B, h, M, d]
         if not P:
             return out
+        lse = lse.flatten(2)[..., :m]  # [B, h, M]
         out_p, lse_p = prefix_part(qg, kp, vp, self.scale, self.attn_drop)
         out_g = combine_parts(torch.stack([out, out_p], 2), torch.stack([lse, lse_p], 2), dim=2)  # [B, h, M, d]
         return self.prefix_rows(qp, k, v, out_g)
@@ -283,6 +286,81 @@ class SinkhornAttention(BucketAttention):
         values = torch.cat([vpad, perm @ vpad, vp], dim=-2)
         out = dense_parts((qg @ keys.transpose(-2, -1)) * self.scale, weight, values)  # [B, h, M, d]
         return self.dense_prefix_rows(qp, k, v, out)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """Shapes only (the soft permutation mixes whole blocks). The sorting network's inputs, its ReLU outputs
+        and every Sinkhorn iterate with its log-sum-exp rows, then the block attention; all in the projection's
+        dtype under autocast. The prefix keys and values go through batched matmuls that copy them unless the
+        batch or the heads axis has length 1 (then the matmuls view the q|k|v storage)."""
+        check(amp is None or self.cfg.sort_net == "input",
+              f"memory() of attention.sort_net={self.cfg.sort_net} covers fp32 only (its sorting net mixes dtypes "
+              f"under autocast); use sort_net=input or amp=None")
+        b, nb = self.layout(grid)
+        B, h, d, C, size = batch, self.num_heads, self.head_dim, self.dim, itemsize(amp)
+        N, M, P, L = self.seq_len(grid), grid[0] * grid[1], self.num_prefix, nb * b
+        items = self.sort_net_memory(B, h, nb, b, amp)
+        for _ in range(self.cfg.iters):  # a column then a row normalisation: logsumexp keeps input and result
+            items += [Saved("Sinkhorn iterate", B * h * nb * nb, size),  # [B, h, nb, nb]
+                      Saved("Sinkhorn column log-sum-exp", B * h * nb, size),  # [B, h, 1, nb]
+                      Saved("Sinkhorn iterate", B * h * nb * nb, size),  # [B, h, nb, nb]
+                      Saved("Sinkhorn row log-sum-exp", B * h * nb, size)]  # [B, h, nb, 1]
+        items += [Saved("soft permutation R", B * h * nb * nb, size),  # [B, h, nb, nb]: exp result, matmul input
+                  Saved("key|value blocks", B * h * L * 2 * d, size),  # [B, h, nb, b, 2d]: R @ blocks input
+                  Saved("own and sorted key|value blocks", B * h * L * 4 * d, size),  # [B, h, nb, 2b, 2d]
+                  Saved("block queries (scaled)", B * h * L * d, size),  # [B, h, nb, b, d]
+                  Saved("block attention weights", B * h * L * 2 * b, size)]  # [B, h, nb, b, 2b]
+        if L > M:  # the sorted slots' share of real keys: log1p keeps it, the pad mask scales it
+            items += [Saved("sorted-slot pad mask", b, size),  # [b] pad slots of the last block
+                      Saved("sorted-slot pad share", B * h * nb * b, size)]  # [B, h, nb, b]
+        if not P:  # one image of one head: the output projection's input views the block output, pad rows included
+            return items + ([Saved("pad rows under the proj input", B * (L - M) * C, size)] if B == h == 1 else [])
+        items += [Saved("block scores", B * h * L * 2 * b, size),  # [B, h, nb, b, 2b]: logsumexp input
+                  Saved("block log-sum-exp", B * h * L, size),  # [B, h, nb, b]
+                  Saved("grid queries (scaled)", B * h * M * d, size),  # [B, h, M, d]: vs the prefix keys
+                  Saved("prefix-key scores", B * h * M * P, size),  # [B, h, M, P]
+                  Saved("prefix-key weights", B * h * M * P, size),  # [B, h, M, P]
+                  Saved("prefix-key log-sum-exp", B * h * M, size),  # [B, h, M]
+                  Saved("part weights", B * h * 2 * M, size),  # [B, h, 2, M]: blocks and prefix part
+                  Saved("part outputs", B * h * 2 * M * d, size),  # [B, h, 2, M, d]
+                  Saved("prefix queries (scaled)", B * h * P * d, size),  # [B, h, P, d]
+                  Saved("prefix-query weights", B * h * P * N, size)]  # [B, h, P, N]
+        if B == 1 or h == 1:  # the matmuls view k and v in the projection's output
+            return items + [Saved("q|k|v (projection output)", B * N * 3 * C, size)]  # [B, N, 3C]
+        return items + [Saved("prefix keys (matmul copy)", B * h * d * P, size),  # [B·h, d, P]
+                        Saved("prefix values (matmul copy)", B * h * P * d, size),  # [B·h, P, d]
+                        Saved("keys (matmul copy)", B * h * d * N, size),  # [B·h, d, N]
+                        Saved("values (matmul copy)", B * h * N * d, size)]  # [B·h, N, d]
+
+    def sort_net_memory(self, B: int, h: int, nb: int, b: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        """What the sorting network keeps: its layers' inputs, ReLU outputs and weights' autocast or batch copies.
+
+        Args:
+            B: images; h: heads; nb: blocks; b: block size; amp: autocast dtype or ``None``.
+        """
+        C, d, s, size = self.dim, self.head_dim, self.cfg.sort_dim, itemsize(amp)
+        if self.cfg.sort_net != "input":
+            # a HeadLinear weight [h, d_in, d_out] expands over the batch: a copy, or for one image or one head a
+            # view of the weight (of its autocast copy under amp; of the parameter itself, not counted, in fp32)
+            copies = B if B > 1 and h > 1 else int(amp is not None)
+            items = [Saved("real tokens per block", nb, 8)]  # [nb, 1] int64: the block means' divisor
+            if self.cfg.sort_net == "keys":
+                return items + [Saved("mean block keys", B * h * nb * d, size),  # [B, h, nb, d]
+                                Saved("sort_hidden weight (batch copy)", copies * h * d * s, size),  # [B·h, d, s]
+                                Saved("sort-net hidden (ReLU)", B * h * nb * s, size),  # [B, h, nb, s]
+                                Saved("sort_out weight (batch copy)", copies * h * s * nb, size)]  # [B·h, s, nb]
+            return items + [Saved("mean block queries", B * h * nb * d, size),  # [B, h, nb, d]
+                            Saved("mean block keys", B * h * nb * d, size),  # [B, h, nb, d]
+                            Saved("sort_q weight (batch copy)", copies * h * d * s, size),  # [B·h, d, s]
+                            Saved("sort_k weight (batch copy)", copies * h * d * s, size),  # [B·h, d, s]
+                            Saved("block query embeddings", B * h * nb * s, size),  # [B, h, nb, s]
+                            Saved("block key embeddings", B * h * nb * s, size)]  # [B, h, nb, s]
+        items = [Saved("sort-net block sums of x", B * nb * C, size),  # [B, nb, C] (an autocast copy under amp)
+                 Saved("sort-net hidden (ReLU)", B * nb * s, size),  # [B, nb, s]
+                 Saved("sort-net logits (ReLU)", B * nb * h * nb, size)]  # [B, nb, h·nb]
+        if amp is not None:
+            items += [Saved("sort_hidden weight (autocast copy)", s * C, size),  # [s, C]
+                      Saved("sort_out weight (autocast copy)", h * nb * s, size)]  # [h·nb, s]
+        return items
 
     def attend_flops(self, grid: Grid) -> int:
         b, nb = self.layout(grid)
