@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive, check_positive_number
 from vitzoo.attention.token_mixing.gfnet import fft_dtype, grid_and_prefix, with_prefix
-from vitzoo.costs import fft_flops
+from vitzoo.costs import Saved, fft_flops, itemsize
 
 
 @dataclass
@@ -165,6 +165,26 @@ class AdaptiveFourierMixer(TokenMixer):
         freqs, hid = rows * cols, self.block * self.cfg.hidden_factor
         # rfft2 + irfft2 per channel (real transforms); two layers of 4 real products F·k·b·bf each
         return 2 * self.dim * fft_flops(h * w, real=True) + 8 * freqs * self.blocks * self.block * hid
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps: the forward FFT's input (float32), each layer's two matrix-product operands
+        (the interleaved frequencies and the real form of the complex weight; autocast copies under ``amp``),
+        the ReLU's output and the shrinkage's input (float32: the float32 bias add follows each product).
+        Args as :meth:`TokenMixer.memory`."""
+        (h, w), c, k, b = grid or self.grid, self.dim, self.blocks, self.block
+        rows, cols = self.kept((h, w))
+        hid, size, f = b * self.cfg.hidden_factor, itemsize(amp), batch * rows * cols  # f: B·F frequency rows
+        items = [
+            Saved("rfft2 input (grid tokens, channel-first copy, fp32)", batch * c * h * w, 4),  # [B, C, H, W]
+            Saved("layer 1 input (kept frequencies, re/im interleaved)", k * f * 2 * b, size),  # [k, B·F, 2b]
+            Saved("layer 1 weight (real form)", k * 2 * b * 2 * hid, size),  # [k, 2b, 2bf]
+            Saved("ReLU output (fp32)", k * f * 2 * hid, 4),  # [k, B·F, 2bf]
+            Saved("layer 2 weight (real form)", k * 2 * hid * 2 * b, size),  # [k, 2bf, 2b]
+            Saved("shrinkage input (layer 2 output, fp32)", k * f * 2 * b, 4),  # [k, B·F, 2b]
+        ]
+        if amp is not None:
+            items.append(Saved("layer 2 input (ReLU output, autocast copy)", k * f * 2 * hid, size))  # [k, B·F, 2bf]
+        return items
 
 
 def _shrink(t: Tensor, lam: float) -> Tensor:

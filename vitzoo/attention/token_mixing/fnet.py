@@ -29,7 +29,7 @@ from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, TokenMixer, check
-from vitzoo.costs import fft_flops
+from vitzoo.costs import Saved, fft_flops
 
 
 @dataclass
@@ -71,6 +71,11 @@ class FNetMixing(TokenMixer):
     def flops(self, grid: Optional[Grid] = None) -> int:
         # one 2-D transform of a real input over N·C points per image
         return fft_flops(self.seq_len(grid) * self.dim, real=True)
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """Nothing: the FFT, the real part (a view) and the dtype casts keep no tensor for backward.
+        Args as :meth:`TokenMixer.memory`."""
+        return []
 
 
 def _dft(n: int, device: torch.device) -> tuple[Tensor, Tensor]:

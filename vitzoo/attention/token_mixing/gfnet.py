@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check
-from vitzoo.costs import fft_flops
+from vitzoo.costs import Saved, fft_flops
 
 
 def fft_dtype(x: Tensor) -> torch.dtype:
@@ -146,6 +146,19 @@ class GlobalFilter(TokenMixer):
         h, w = grid or self.grid
         # rfft2 and irfft2, one per channel; the filter: 4 real multiply-adds per complex product at F·C points
         return 2 * self.dim * fft_flops(h * w, real=True) + 4 * h * (w // 2 + 1) * self.dim
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps, the same in fp32 and under ``amp`` (the FFTs run in float32): the forward
+        transform's input, the spectrum the filter product reads and, at another grid, the resampled filter.
+        Args as :meth:`TokenMixer.memory`."""
+        grid = grid or self.grid
+        (h, w), c = grid, self.dim
+        freqs = h * (w // 2 + 1)  # the half spectrum's frequencies
+        items = [Saved("rfft2 input (grid tokens, channel-first copy, fp32)", batch * c * h * w, 4),  # [B, C, H, W]
+                 Saved("spectrum (complex64)", batch * freqs * c, 8)]  # [B, H, W/2+1, C]
+        if tuple(grid) != self.grid:
+            items.append(Saved("filter resampled to the grid (complex64)", freqs * c, 8))  # [H, W/2+1, C]
+        return items
 
 
 def _idft2(spec: Tensor) -> Tensor:

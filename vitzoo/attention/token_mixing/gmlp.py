@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check_positive_number
 from vitzoo.attention.token_mixing.token_axis import TokenAxisMixin, mix_tokens
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -98,6 +99,27 @@ class SpatialGatingUnit(TokenAxisMixin, TokenMixer):
         total += self.token_param_flops(n0 * n0, grid) + self.token_param_flops(n * n0, grid)
         total += self.token_param_flops(n0, grid)
         return total
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps: the projections' inputs, the GELU's input and output (both halves), the
+        norm's statistics, the token-axis linear's input and output (the gate), and the weights' autocast copies
+        under ``amp`` (``W`` resampled at another grid). Args as :meth:`TokenMixer.memory`."""
+        grid = grid or self.grid
+        rows, c, d, size = batch * self.seq_len(grid), self.dim, self.hidden, itemsize(amp)
+        n = self.seq_len(grid)
+        items = [
+            Saved("proj_in input", rows * c, size),  # [B, N, C]
+            Saved("GELU input (proj_in output)", rows * 2 * d, size),  # [B, N, 2D]
+            Saved("GELU output (Z₁|Z₂: the norm's input, the gate product's operand)", rows * 2 * d, size),
+            Saved("norm mean (fp32)", rows, 4), Saved("norm rstd (fp32)", rows, 4),  # [B, N, 1] each
+            Saved("spatial linear input (LN(Z₂), tokens last, a copy)", rows * d, size),  # [B·D, N]
+            Saved("gate W·LN(Z₂) + b (spatial linear output)", rows * d, size),  # [B, D, N]
+            Saved("proj_out input (Z₁ ⊙ gate)", rows * d, size),  # [B, N, D]
+        ]
+        if amp is not None:
+            items += [Saved("proj_in weight (autocast copy)", 2 * d * c, size),  # [2D, C]
+                      Saved("proj_out weight (autocast copy)", c * d, size)]  # [C, D]
+        return items + self.token_param_memory("W", n * n, grid, amp)  # [N, N]
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         return {**super().symbols(grid), "D": self.hidden}

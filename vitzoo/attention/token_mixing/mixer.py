@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check_positive_number
 from vitzoo.attention.token_mixing.token_axis import TokenAxisMixin, mix_tokens
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -82,6 +83,20 @@ class MLPMixerTokenMixing(TokenAxisMixin, TokenMixer):
         total += self.token_param_flops(self.fc2.weight.numel(), grid)
         total += self.token_param_flops(self.fc2.bias.numel(), grid)
         return total
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps: each token-axis linear's input (tokens along the last axis), the GELU's
+        input and the token-axis weights where they are not the parameters themselves (autocast copies under
+        ``amp``, resampled at another grid). Args as :meth:`TokenMixer.memory`."""
+        grid = grid or self.grid
+        n, c, d, size = self.seq_len(grid), self.dim, self.hidden, itemsize(amp)
+        items = [
+            Saved("fc1 input (tokens last, a copy)", batch * c * n, size),  # [B·C, N]
+            Saved("GELU input (fc1 output)", batch * c * d, size),  # [B, C, D]
+            Saved("fc2 input (GELU output)", batch * c * d, size),  # [B·C, D]
+        ]
+        items += self.token_param_memory("W₁", d * n, grid, amp)  # [D, N]
+        return items + self.token_param_memory("W₂", n * d, grid, amp)  # [N, D]
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         return {**super().symbols(grid), "D": self.hidden}

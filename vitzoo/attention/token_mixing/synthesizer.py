@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive
 from vitzoo.attention.token_mixing.token_axis import TokenAxisMixin
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -152,6 +153,50 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
             total += h * n * self.rank * n  # R₁R₂ᵀ per head: N×r times r×N (once per batch)
             total += 2 * self.token_param_flops(h * n0 * self.rank, grid)  # resample R₁, R₂
         return total
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        """What a training forward keeps: the projections' inputs and weight casts, the logits' inputs (dense: the
+        ReLU output and both operands of the per-head product; random: the factors' casts or resampled copies),
+        the softmax output where it needs a gradient and the operands of ``softmax(B)·V``.
+
+        Dense mode projects the same input twice (``v`` and ``dense1``): under ``amp`` each makes its own cast
+        of it (autocast caches casts of leaf tensors only, and a block's input is none).
+
+        Args:
+            grid: token grid (default: the construction grid); batch: images; amp: autocast dtype or ``None``.
+        """
+        grid = grid or self.grid
+        B, n, c, h, d, size = batch, self.seq_len(grid), self.dim, self.num_heads, self.head_dim, itemsize(amp)
+        dense, learned = self.mode == "dense", self.mode == "dense" or self.cfg.trainable
+        fold = B > 1 and h > 1  # a batched product copies an operand broadcast over images, or strided heads
+        items = [Saved("v input", B * n * c, size), Saved("proj input", B * n * c, size)]  # [B, N, C] each
+        if amp is not None:
+            items += [Saved("v weight (autocast copy)", c * c, size), Saved("proj weight (autocast copy)", c * c, size)]
+        if dense:
+            items.append(Saved("ReLU output (dense1 output)", B * n * c, size))  # [B, N, C]
+            if fold:  # else the heads are a view of the ReLU output, W₂ a view of itself
+                items += [Saved("hidden heads (a copy)", B * h * n * d, size),  # [B·h, N, d]
+                          Saved("W₂ᵀ broadcast over images (a copy)", B * h * d * n, size)]  # [B·h, d, N]
+            else:
+                items += self.token_param_memory("W₂", h * n * d, grid, amp)  # [h, N, d]
+            if amp is not None:
+                items += [Saved("dense1 input (autocast copy)", B * n * c, size),  # [B, N, C]
+                          Saved("dense1 weight (autocast copy)", c * c, size)]  # [C, C]
+        elif self.rank is not None and self.cfg.trainable:
+            items += self.token_param_memory("R₁, R₂", 2 * h * n * self.rank, grid, amp)  # 2 x [h, N, r]
+        # softmax(B): float32 logits (a parameter, or a product plus a float32 bias) stay float32 under amp;
+        # R₁R₂ᵀ is an autocast product
+        probs = (B if dense else 1) * h * n * n  # [B or 1, h, N, N]
+        probs_size = size if self.mode == "random" and self.rank is not None else 4
+        if learned:
+            items.append(Saved("softmax output", probs, probs_size))
+        if size != probs_size or (fold and not dense):  # softmax(B)·V reads a cast or broadcast copy
+            items.append(Saved("probabilities broadcast over images (in the product's dtype)", B * h * n * n, size))
+        elif not learned:  # the product keeps the softmax output itself
+            items.append(Saved("softmax output", probs, probs_size))
+        if learned:  # V's heads, kept for the probabilities' gradient (a copy, or a view of v's output)
+            items.append(Saved("value heads", B * h * n * d, size))  # [B·h, N, d]
+        return items
 
     def symbols(self, grid: Optional[Grid] = None) -> dict[str, int]:
         out = super().symbols(grid)

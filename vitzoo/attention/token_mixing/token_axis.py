@@ -16,6 +16,7 @@ from torch import Tensor
 
 from vitzoo.attention.base import Grid
 from vitzoo.attention.functional import resample_tokens
+from vitzoo.costs import Saved, itemsize
 
 
 class TokenAxisMixin:
@@ -58,6 +59,19 @@ class TokenAxisMixin:
             return 0
         rows = numel // (self.num_prefix + self.grid[0] * self.grid[1])  # vectors resampled
         return 4 * rows * grid[0] * grid[1]
+
+    def token_param_memory(self, name: str, numel: int, grid: Grid, amp: Optional[torch.dtype]) -> list[Saved]:
+        """What an op that saves a token-axis parameter (its :meth:`token_param`) keeps of it: nothing at the
+        construction grid in fp32 (the parameter itself), its autocast copy under ``amp``, the resampled fp32
+        tensor at another grid.
+
+        Args:
+            name: what the parameter is; numel: its elements at ``grid``; grid: the call's grid; amp: autocast dtype.
+        """
+        if amp is None and tuple(grid) == self.grid:
+            return []
+        what = "autocast copy" if amp is not None else "resampled"
+        return [Saved(f"{name} ({what})", numel, itemsize(amp))]
 
 
 def mix_tokens(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
