@@ -83,7 +83,9 @@ def predicted(model: torch.nn.Module, grid: tuple[int, int], amp, outside: str =
 def check(model: torch.nn.Module, grid: tuple[int, int], amp, outside: str = "") -> None:
     measured, table = counted(model, grid, amp, outside)
     formula = predicted(model, grid, amp, outside)
-    assert formula == measured, f"memory() {formula} B, counted {measured} B\n{table}"
+    # Swin under CPU autocast: the patch norm keeps the convolution's bf16, so its mixers get a bf16 input
+    note = " (Swin's mixers get a bf16 input under autocast)" if model.family == "swin" and amp is not None else ""
+    assert formula == measured, f"memory() {formula} B, counted {measured} B{note}\n{table}"
 
 
 @pytest.mark.parametrize("amp", AMPS, ids=["fp32", "bf16"])
@@ -150,3 +152,11 @@ def test_token_reduction_memory(reduction, amp, one_thread):
     assert any(blk.reducer is not None for blk in model.blocks)
     require_formula(model, f"token reduction {reduction}")
     check(model, (8, 8), amp)
+
+
+@pytest.mark.parametrize("amp", AMPS, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos"])
+def test_another_grid_than_the_built_one(pos_embed, amp, one_thread):
+    """Learned position embeddings are resampled to the grid (keeping nothing), sin-cos ones rebuilt."""
+    model = build("vit_cifar", "global", (8, 8), (("pos_embed", pos_embed),))
+    check(model, (16, 16), amp)

@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from vitzoo.measure.activations import SavedTensorCounter, storage_nbytes
+from vitzoo.measure.predicted import ADAMW_STATE_BYTES
 from vitzoo.models import create_model
 from vitzoo.registry import ConfigError
 
-OPTIMIZER_BYTES = 16  # per parameter: fp32 weight 4 + gradient 4 + AdamW exp_avg 4 + exp_avg_sq 4
+OPTIMIZER_BYTES = 4 + 4 + ADAMW_STATE_BYTES  # per parameter: fp32 weight + gradient + AdamW's two moments (16)
 GB = 1e9  # device memory is sold in decimal gigabytes
 ASSUMED_UTILISATION = 0.4  # fraction of the matmul peak a ViT training step reaches (an assumption, labelled)
 BLOCK = re.compile(r"^((?:.*\.)?)blocks\.(\d+)(?:\.|$)")  # a module inside block i of a block list (prefix, i)
