@@ -169,15 +169,17 @@ def main(argv: Optional[Sequence[str]] = None, doc: Path = DOC,
         for line in changed:
             print(line, file=sys.stderr)
         return 1 if changed else 0
+    if not problems:
+        print(f"generated text up to date: {shown(doc)}, {shown(flops_doc)} and {shown(conf_dir)}/*.yaml")
+    print("\n".join(lines))
     for problem in problems + changed:
         print(problem.replace(str(ROOT) + "/", ""), file=sys.stderr)
     if problems or changed:
         print(f"{len(problems) + len(changed)} generated file(s) differ: run python scripts/gen_docs.py",
               file=sys.stderr)
         return 1
-    print(f"generated text up to date: {shown(doc)}, {shown(flops_doc)} and {shown(conf_dir)}/*.yaml")
-    print("\n".join(lines))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

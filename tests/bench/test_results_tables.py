@@ -124,3 +124,22 @@ def test_block_names_take_one_prefix():
     for bad in ("a:b:c", "results:", ":models", "Results:models"):
         with pytest.raises(ConfigError, match="one 'prefix:' allowed"):
             block_markers(bad)
+
+
+def test_check_fails_on_a_record_block_changed_by_hand(gen_docs, checkout, capsys):
+    """The blocks made from records (the short-recipe ranking, the ablation) are checked by the same command; a
+    generator without its data (no whole-model benchmark, no long run) is skipped in one line."""
+    for folder in ("cifar10_short", "cifar10_tuning"):
+        shutil.copytree(ROOT / "results" / folder, checkout / "results" / folder)
+    results = checkout / "docs" / "results.md"
+    committed = results.read_text(encoding="utf-8")
+    row = next(line for line in committed.splitlines() if line.startswith("| mixer | token_mixing | vit_cifar | 3 |"))
+    results.write_text(committed.replace(row, row.replace("| 62.21 |", "| 62.31 |")), encoding="utf-8")
+    assert gen_docs.main(["--check"], root=checkout) == 1
+    out, err = capsys.readouterr()
+    assert "docs/results.md: the cifar10-short-ranking block differs from results/cifar10_short" in err
+    assert "docs/results.md: the cifar10-ablation block matches results/cifar10_tuning" in out
+    assert "skipped the backend-guide block of README.md: no results/benchmark/whole_model/models.csv" in out
+    compare = load_file("scripts", "compare")
+    with pytest.raises(SystemExit):
+        compare.main([str(checkout / "results" / "cifar10_short"), "--check"])
