@@ -24,6 +24,7 @@ from typing import Any, Optional
 from vitzoo.bench.options import BenchOptions
 from vitzoo.bench.references import MODEL_REFERENCES
 from vitzoo.bench.report import markdown_table, write_csv
+from vitzoo.fileio import atomic_write_text, read_regular_text
 
 GOAL_COLUMNS = ["goal", "measured", "target", "status"]
 
@@ -162,9 +163,9 @@ def write_goals(out: Path) -> list[Goal]:
     goals = goal_rows(result["models"], result["layers"], result["references"], opts)
     write_csv(goals, GOAL_COLUMNS, out / "goals.csv")
     table = markdown_table(goals, GOAL_COLUMNS)
-    (out / "goals.md").write_text(table + "\n")
-    with (out / "report.md").open("a") as report:
-        report.write(f"\n## goals\n\n{table}\n")
+    atomic_write_text(out / "goals.md", table + "\n")
+    report = read_regular_text(out / "report.md") if (out / "report.md").exists() else ""
+    atomic_write_text(out / "report.md", f"{report}\n## goals\n\n{table}\n")
     return goals
 
 

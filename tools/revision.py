@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from vitzoo.fileio import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 
@@ -24,7 +26,7 @@ def load_revision(module: str, rev: str) -> ModuleType:
         raise ValueError(f"git show {rev}:{rel} failed: {src.stderr.strip()}")
     name = f"{module.replace('.', '_')}_at_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
     path = Path(tempfile.gettempdir()) / f"vitzoo_{name}.py"
-    path.write_text(src.stdout)
+    atomic_write_text(path, src.stdout)  # a predictable name in the shared temp folder: never through a link
     spec = importlib.util.spec_from_file_location(name, path)
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)

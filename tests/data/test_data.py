@@ -279,3 +279,23 @@ def test_a_decompression_bomb_in_training_data_names_the_file_and_data_root(tmp_
         found[index]
     assert "\n" not in str(err.value)
     assert found[0][0].size == (12, 12)
+
+
+def test_a_12000_square_png_is_refused_by_the_pixel_limit_before_it_is_decoded(tmp_path, monkeypatch):
+    """144 MP lies under PIL's own bomb error (about 179 MP) and decodes to 2.3 GB: the reader's pixel limit, an
+    option of predict (``--max-pixels``), refuses it from its header; nothing of it is decoded."""
+    from vitzoo.data.datasets import MAX_PIXELS, read_rgb
+    from vitzoo.export.predict import Predictor, predict_files
+
+    big = bomb_png(tmp_path / "big.png", side=12000)
+    assert big.stat().st_size < 100_000
+    decoded = []
+    monkeypatch.setattr(Image.Image, "load", lambda self: decoded.append(self) or None)
+    with pytest.raises(ConfigError, match=rf"^cannot read image .*big.png \(12000×12000 = 144000000 pixels, over the "
+                                          rf"limit of {MAX_PIXELS}\); remove or replace it$"):
+        read_rgb(big)
+    data = {"img_size": 8, "mean": [0.5] * 3, "std": [0.5] * 3, "classes": ["a", "b"]}
+    out = dict(predict_files(Predictor(lambda x: torch.zeros(x.shape[0], 2), data), [big], max_pixels=MAX_PIXELS,
+                             option="--max-pixels"))
+    assert isinstance(out[big], ConfigError) and "144000000 pixels" in str(out[big]) and "--max-pixels" in str(out[big])
+    assert decoded == []

@@ -310,6 +310,43 @@ def test_a_run_into_an_unwritable_record_dir_fails_before_training(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
 
 
+def _multirun(records, root, *task):
+    """The config a multirun's callbacks get: the sweep's overrides under hydra, the base values at the top."""
+    return OmegaConf.create({
+        "record_dir": str(records), "model": {"img_size": 32},
+        "data": {"_target_": "vitzoo.data.datamodules.ImageFolderDataModule", "name": "imagefolder",
+                 "root": str(root), "img_size": "${model.img_size}"},
+        "hydra": {"overrides": {"task": ["attention=global,window", *task]}, "sweeper": {"params": {"seed": "0,1"}}}})
+
+
+def test_a_hydra_sweep_checks_records_and_data_before_the_first_job(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    (tmp_path / "data" / "train" / "cat").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"^error: record_dir=.*a_file/records is not writable .*; no job of the "
+                                         r"sweep started$"):
+        SweepSummary().on_multirun_start(_multirun(blocker / "records", tmp_path / "data"))
+    with pytest.raises(SystemExit, match=r"^error: data.root=.*no_data has no train/ folder .*; no job of the sweep "
+                                         r"started$"):
+        SweepSummary().on_multirun_start(_multirun(tmp_path / "records", tmp_path / "no_data"))
+    SweepSummary().on_multirun_start(_multirun(tmp_path / "records", tmp_path / "data"))
+    # what the sweep varies is each job's own to check: the base value is no job's
+    SweepSummary().on_multirun_start(_multirun(blocker / "records", tmp_path / "no_data",
+                                               f"record_dir={tmp_path}/r1,{tmp_path}/r2", "data=digits,imagefolder"))
+
+
+@pytest.mark.slow
+def test_train_multirun_into_an_unwritable_record_dir_starts_no_job(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "data=digits", "attention=global,window",
+                           f"record_dir={blocker / 'records'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode != 0 and "not writable" in done.stderr and "no job of the sweep started" in done.stderr
+    assert not (tmp_path / "sweep").exists() or not any((tmp_path / "sweep").iterdir())
+
+
 def _sweep_script(tmp_path, records, data):
     env = {**os.environ, "VITZOO_CIFAR10": str(data), "SWEEP_DIR": str(tmp_path / "sweep"), "OMP_NUM_THREADS": "1",
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}  # its `python`: ours

@@ -43,6 +43,7 @@ from vitzoo.bench.references import MODEL_REFERENCES
 from vitzoo.bench.report import markdown_table
 from vitzoo.bench.run import add_layer_ratios, add_mfu
 from vitzoo.configs import attention_options
+from vitzoo.fileio import atomic_write_text
 from vitzoo.flops.mfu import matmul_peak
 from vitzoo.measure.environment import environment
 from vitzoo.registry import ConfigError
@@ -285,8 +286,8 @@ class GpuCheckRun:
     def write(self) -> None:
         result = {"options": asdict(self.opts), "environment": self.env, "seconds": round(time.time() - self.start, 1),
                   **self.rows}
-        (self.out / "results.json").write_text(json.dumps(result, indent=1, default=str))
-        (self.out / "gpu_checks.md").write_text(self.markdown())
+        atomic_write_text(self.out / "results.json", json.dumps(result, indent=1, default=str))
+        atomic_write_text(self.out / "gpu_checks.md", self.markdown())
 
     def markdown(self) -> str:
         env = self.env

@@ -18,6 +18,7 @@ from torch import nn
 
 from vitzoo.attention import before_train_step
 from vitzoo.bench.options import resolve_device
+from vitzoo.fileio import atomic_write_text
 from vitzoo.measure.timing import time_fns
 from vitzoo.models import create_model, model_config
 from vitzoo.registry import ConfigError
@@ -204,14 +205,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     Args:
         argv: command-line arguments (see :func:`parse_args`).
     """
-    from pathlib import Path
-
     try:
         opts, out = parse_args(argv)
         rows = measure(opts, on_row=lambda r: print(markdown_table([r]).splitlines()[-1], flush=True))
     except ConfigError as exc:
         print(f"error: {exc}")
         return 2
-    Path(out).write_text(markdown_table(rows))
+    atomic_write_text(out, markdown_table(rows))
     print(f"wrote {out}")
     return 0

@@ -107,6 +107,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for r in records:
         groups.setdefault((r["model"], r["attention"], r.get("epochs")), []).append(r)
+    families = {name: family_of(name) for name in {a for _, a, _ in groups}}  # one registry look-up per backend
     rows = []
     for (model, attention, epochs), recs in groups.items():
         recs = sorted(recs, key=lambda r: r.get("seed") or 0)
@@ -116,7 +117,7 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         mean = fmean(accs)
         low, high = _interval(mean / 100, first) if len(recs) > 1 else (first.get("top1_ci95") or (None, None))
         rows.append({
-            "model": model, "attention": attention, "family": family_of(attention), "epochs": epochs,
+            "model": model, "attention": attention, "family": families[attention], "epochs": epochs,
             "img_size": first.get("img_size"), "experiment": first.get("experiment"),
             "top1": mean,
             "top1_ci95": f"{100 * low:.1f}–{100 * high:.1f}" if low is not None else None,
@@ -179,14 +180,17 @@ def ranking_figure(rows: Sequence[Mapping[str, Any]], title: str) -> Figure:
     def area(mb: float) -> float:  # marker area grows with the training peak memory
         return 40 + 1200 * (mb / top if top else 0.1)
 
-    for r in pts:
-        x, y = float(r["train_img_s"]), float(r["top1"])
-        ax.scatter(x, y, s=area(r.get("train_peak_mb") or 0), alpha=0.45, edgecolors="black", linewidths=0.6,
-                   color=FAMILY_COLORS.get(r.get("family"), "grey"))
-        if r.get("ci_low") is not None:
-            ax.errorbar(x, y, yerr=[[y - r["ci_low"]], [r["ci_high"] - y]], fmt="none", ecolor="grey", lw=1)
-        if len(r.get("seed_top1") or []) > 1:  # each seed's top-1: the seed spread next to the interval
-            ax.scatter([x] * len(r["seed_top1"]), r["seed_top1"], marker="_", s=120, color="black", lw=1.2)
+    if pts:  # one artist per kind of mark, whatever the number of rows: drawing time grows linearly
+        xs, ys = [float(r["train_img_s"]) for r in pts], [float(r["top1"]) for r in pts]
+        ax.scatter(xs, ys, s=[area(r.get("train_peak_mb") or 0) for r in pts], alpha=0.45, edgecolors="black",
+                   linewidths=0.6, color=[FAMILY_COLORS.get(r.get("family"), "grey") for r in pts])
+        ci = [(x, y, r) for x, y, r in zip(xs, ys, pts) if r.get("ci_low") is not None]
+        if ci:
+            ax.errorbar([x for x, _, _ in ci], [y for _, y, _ in ci], fmt="none", ecolor="grey", lw=1,
+                        yerr=[[y - r["ci_low"] for _, y, r in ci], [r["ci_high"] - y for _, y, r in ci]])
+        seeds = [(x, s) for x, r in zip(xs, pts) if len(r.get("seed_top1") or []) > 1 for s in r["seed_top1"]]
+        if seeds:  # each seed's top-1: the seed spread next to the interval
+            ax.scatter([x for x, _ in seeds], [s for _, s in seeds], marker="_", s=120, color="black", lw=1.2)
     if pts:
         xy = [(float(r["train_img_s"]), float(r["top1"])) for r in pts]
         front = pareto_front(xy)

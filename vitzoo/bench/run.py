@@ -16,6 +16,7 @@ from vitzoo.bench.worker import run_job
 from vitzoo.configs import attention_options
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.measure.environment import environment, load_average, mem_available_gb
+from vitzoo.training.run_log import open_log
 
 Row = dict[str, Any]
 Run = Callable[[dict[str, Any]], Row]  # one job -> its row (streamed to rows.jsonl)
@@ -47,7 +48,7 @@ def _runner(opts: BenchOptions, common: Mapping[str, Any], stream: Path) -> Run:
         for k in ("backend", "model", "img_size", "batch", "tokens"):
             if k in job and k not in row:
                 row[k] = job[k]
-        with open(stream, "a") as f:
+        with open_log(stream) as f:  # appended as a regular file, never through a symbolic link
             f.write(json.dumps({"kind": job["kind"], **row}, default=str) + "\n")
         return row
 

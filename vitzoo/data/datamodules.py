@@ -291,15 +291,20 @@ class ImageFolderDataModule(ImageDataModule):
     ``data.seed``) is held out for validation.
     """
 
-    def load(self) -> tuple[Dataset, Dataset, list[str]]:
+    def prepare_data(self) -> None:
+        """Check that ``data.root`` holds a ``train/`` folder (a sweep checks this before its first job)."""
         root = self.require_root()
-        train_dir, val_dir = root / "train", root / "val"
-        if not train_dir.is_dir():
+        if not (root / "train").is_dir():
             hint = "" if root.is_dir() else " (the folder does not exist)"
             raise ConfigError(
                 f"data.root={root} has no train/ folder{hint}; point data.root at a folder with "
                 f"train/<class>/*.jpg (and optionally val/<class>/*.jpg)"
             )
+
+    def load(self) -> tuple[Dataset, Dataset, list[str]]:
+        self.prepare_data()
+        root = self.require_root()
+        train_dir, val_dir = root / "train", root / "val"
         train = image_folder(train_dir)
         if val_dir.is_dir():
             val = image_folder(val_dir)

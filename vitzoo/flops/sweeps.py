@@ -4,7 +4,7 @@ the grid grows, table and plot), ``--formulas`` (every backend's formula) and ``
 agrees, 1 otherwise."""
 from __future__ import annotations
 
-import csv
+import io
 import math
 import sys
 import time
@@ -16,6 +16,7 @@ import torch
 import vitzoo
 from vitzoo.attention import ATTENTION, MixerContext, build_attention
 from vitzoo.configs import attention_options
+from vitzoo.fileio import atomic_write_bytes, atomic_write_text
 from vitzoo.flops.formula import evaluate_formula
 from vitzoo.flops.handles import UnsupportedOpError, flop_analysis
 from vitzoo.flops.report import count_flops, mixer_flops
@@ -67,18 +68,14 @@ def all_pairs(values: dict[str, Any]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     header = [h for h in ALL_HEADER if second or h not in TORCH_COLUMNS]
     rows, start = [], time.time()
-    with (out / "all.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        for model_name in models:
-            for att in attentions:
-                cells = pair_cells(model_name, att, second)
-                rows.append([cells.get(h, "") for h in header])
-                writer.writerow(rows[-1])
-                f.flush()
-                print(f"{model_name:>11} {att:<14} {cells['status']:<13} "
-                      f"{cells.get('measured GMACs') or cells.get('why', '')}", file=sys.stderr, flush=True)
-    (out / "all.md").write_text(all_markdown(rows, header, models, attentions, second, time.time() - start))
+    for model_name in models:
+        for att in attentions:
+            cells = pair_cells(model_name, att, second)
+            rows.append([cells.get(h, "") for h in header])
+            write_csv(out / "all.csv", header, rows)  # rewritten atomically after each pair: a reader sees whole rows
+            print(f"{model_name:>11} {att:<14} {cells['status']:<13} "
+                  f"{cells.get('measured GMACs') or cells.get('why', '')}", file=sys.stderr, flush=True)
+    atomic_write_text(out / "all.md", all_markdown(rows, header, models, attentions, second, time.time() - start))
     bad = sum(r[2] not in ("ok", "cannot build") for r in rows)
     built = sum(r[2] in ("ok", "MISMATCH") for r in rows)
     print(f"{built}/{len(rows)} pairs built, {bad} with a mismatch or error; wrote {out / 'all.md'} and "
@@ -146,8 +143,8 @@ def scaling(values: dict[str, Any]) -> int:
              f"configs/attention YAML options, natural window {window}) for one image, measured with fvcore "
              f"(equal to the analytic count unless a note says otherwise). Exponent: slope of log MACs "
              f"against log N between the two largest grids (1: linear, 2: quadratic).\n")
-    (out / "scaling.md").write_text("# Attention cost versus tokens\n\n" + intro + "\n" + markdown(header, rows)
-                                    + f"\n![scaling]({(out / 'scaling.png').name})\n")
+    atomic_write_text(out / "scaling.md", "# Attention cost versus tokens\n\n" + intro + "\n" + markdown(header, rows)
+                      + f"\n![scaling]({(out / 'scaling.png').name})\n")
     print_table(f"Attention-layer GMACs (C={dim}, h={heads}, window {window}) vs grid", header[:-1],
                 [r[:-1] for r in rows], justify_right=set(range(1, len(grids) + 2)))
     print(f"wrote {out / 'scaling.md'}, {out / 'scaling.csv'} and {out / 'scaling.png'}")
@@ -205,8 +202,10 @@ def plot_scaling(path: Path, grids: list[int], series: dict[str, list[Optional[i
     fig.suptitle(f"Attention-layer cost vs tokens (C={dim}, h={heads}, no prefix, natural window {window}; "
                  f"fvcore-measured = analytic)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def formulas(values: dict[str, Any]) -> int:
@@ -292,6 +291,6 @@ def published(values: dict[str, Any]) -> int:
                       gmacs(c["FlopCounterMode + CPU SDPA formula"], 3), gmacs(c["FlopCounterMode, math SDPA"], 3),
                       ", ".join(f"{k}×{v}" for k, v in sorted(c["fvcore_ops"].items()))])
     text += "\n## timm's fused-attention ViT (GMACs)\n\n" + markdown(theader, trows)
-    (out / "published.md").write_text(text)
+    atomic_write_text(out / "published.md", text)
     print(text)
     return 1 if bad else 0

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any, Optional
+
+from vitzoo.fileio import atomic_write_text
 
 
 def human(macs: Optional[float]) -> str:
@@ -36,10 +39,12 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+    """``header`` and ``rows`` as a CSV file, written atomically and never through a symbolic link."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
 
 
 def print_table(title: str, header: list[str], rows: list[list[Any]], justify_right: set[int] = frozenset()) -> None:

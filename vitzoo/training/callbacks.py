@@ -131,8 +131,26 @@ def _job_results(path: Path) -> dict[str, Any]:
 
 
 class SweepSummary(HydraCallback):
-    """Hydra callback: after a multirun, print one line per job from its ``results.json`` and exit
-    non-zero when any job failed (the failed jobs do not stop the sweep; see ``run_entry``)."""
+    """Hydra callback: before a multirun's first job, check that ``record_dir`` is writable and the data is
+    present (one ``error:`` line and no job started otherwise); after it, print one line per job from its
+    ``results.json`` and exit non-zero when any job failed (the failed jobs do not stop the sweep; see
+    ``run_entry``)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from vitzoo.registry import ConfigError
+        from vitzoo.training.records import check_record_dir
+        from vitzoo.training.safe_load import safe_instantiate
+
+        swept = _swept_keys(config)
+        try:
+            if config.get("record_dir") and "record_dir" not in swept:
+                check_record_dir(config.record_dir)
+            if config.get("data") is not None and not swept & {"data", "experiment"}:
+                safe_instantiate(config.data, "data", "data").prepare_data()  # data.root present (or downloaded)
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}; no job of the sweep started") from None
+        except Exception:  # noqa: BLE001 - a config only a job can build (its interpolations): each job checks it
+            pass
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from rich.console import Console
@@ -166,6 +184,44 @@ class SweepSummary(HydraCallback):
         failed = [r["dir"] for r in rows if r.get("status") != "finished"]
         if failed:
             raise SystemExit(f"{len(failed)} of {len(rows)} jobs failed: {', '.join(failed)} (see their results.json)")
+
+
+class RunFolderLinks(HydraCallback):
+    """Hydra callback: every file of a run folder is written as a file, never through a symbolic link left there:
+    before Hydra writes ``.hydra/`` and the job log, :func:`vitzoo.training.run_log.clear_links` runs on the run
+    folder (or on each existing job folder of a sweep: a rerun into the same sweep folder)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._clear([Path(str(config.hydra.run.dir))], config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        if sweep.is_dir() and not sweep.is_symlink():
+            self._clear([p for p in sorted(sweep.iterdir()) if p.is_dir() and not p.is_symlink()], config)
+
+    @staticmethod
+    def _clear(folders: list[Path], config: DictConfig) -> None:
+        from vitzoo.registry import ConfigError
+        from vitzoo.training.run_log import RUN_FILES, clear_links
+
+        try:
+            for folder in folders:
+                if folder.is_dir() and not folder.is_symlink():
+                    clear_links(folder, (*RUN_FILES, f"{config.hydra.job.name}.log"))
+        except (ConfigError, OSError) as e:
+            raise SystemExit(f"error: {e}") from None
+
+
+def _swept_keys(config: DictConfig) -> set[str]:
+    """The top-level keys a multirun sweeps (``data=a,b``, ``data.root=x,y``, ``hydra.sweeper.params``): their
+    value in ``config`` is not what the jobs get, so the checks before the first job leave them alone."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    hydra = config.get("hydra") or {}
+    task = list((hydra.get("overrides") or {}).get("task") or [])
+    keys = {o.key_or_group for o in OverridesParser.create().parse_overrides(task) if o.is_sweep_override()}
+    keys |= set((hydra.get("sweeper") or {}).get("params") or {})
+    return {k.lstrip("+~").split(".")[0].split("@")[0] for k in keys}
 
 
 def _job_order(path: Path) -> tuple[int, str]:

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,6 +20,8 @@ from pytorch_lightning.callbacks import RichProgressBar
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from vitzoo.fileio import file_kind
+from vitzoo.registry import ConfigError
 from vitzoo.training.resume import ResumableCSVLogger
 from vitzoo.training.utils import console, one_line
 
@@ -27,6 +29,45 @@ WIDE = 1000  # Rich's width when stdout is not a terminal: long lines (paths) ar
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colour and cursor sequences
 _CURSOR = re.compile(r"\x1b\[[0-9]*[AK]|\x1b\[\?25l")  # cursor up / erase line / hide cursor: a live display
+
+
+RUN_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "csv/metrics.csv",
+             "csv/hparams.yaml")  # files of a run folder that Hydra and Lightning open by name and write
+
+
+def clear_links(folder: Path, names: Sequence[str]) -> None:
+    """Before a writer that opens files by name (Hydra, Lightning's CSV logger) writes ``names`` in ``folder``: a
+    symbolic link there is removed, its target left alone, so the file is written in its place; a FIFO, device or
+    socket there is one line naming it.
+
+    Args:
+        folder: the run folder (or the CSV logger's folder).
+        names: the files, relative to ``folder``.
+    """
+    for name in names:
+        path = Path(folder) / name
+        if path.is_symlink():
+            path.unlink()
+        elif os.path.lexists(path) and (kind := file_kind(path.lstat().st_mode)):
+            raise ConfigError(f"{path} is {kind}, not a regular file; remove it (the run writes that file)")
+
+
+def open_log(path: Path) -> TextIO:
+    """``path`` opened for appending as a regular file, never through a symbolic link: a link there is removed
+    first (its target left alone), and a FIFO, device or socket is an ``OSError`` instead of a blocking open.
+
+    Args:
+        path: the log file.
+    """
+    if path.is_symlink():
+        path.unlink()
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags, 0o644)
+    if kind := file_kind(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(0, f"{kind}, not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 class _RunLog:
@@ -42,7 +83,7 @@ class _RunLog:
 
     def start(self) -> None:
         if self.file is None:
-            self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+            self.file = open_log(self.path)
             self.write("".join(self.held))
             self.held = []
 
@@ -198,12 +239,16 @@ class ProgressBar(RichProgressBar):
 
 def keep_csv(loggers: list[Any], out_dir: Path) -> list[Any]:
     """``loggers`` with the CSV logger first: added (``<out_dir>/csv/metrics.csv``, as ``logger=csv`` writes it)
-    when the configured loggers (``logger=wandb``, ``logger=[tensorboard]``) have none.
+    when the configured loggers (``logger=wandb``, ``logger=[tensorboard]``) have none. A symbolic link at the CSV
+    logger's ``metrics.csv`` or ``hparams.yaml`` is removed first (:func:`clear_links`).
 
     Args:
         loggers: the instantiated ``logger`` group.
         out_dir: the run folder.
     """
-    if any(isinstance(lg, CSVLogger) for lg in loggers):
-        return list(loggers)
-    return [ResumableCSVLogger(save_dir=str(out_dir), name="csv", version=""), *loggers]
+    if not any(isinstance(lg, CSVLogger) for lg in loggers):
+        loggers = [ResumableCSVLogger(save_dir=str(out_dir), name="csv", version=""), *loggers]
+    for lg in loggers:
+        if isinstance(lg, CSVLogger):  # its files are written in place of a symbolic link, never through it
+            clear_links(Path(lg.log_dir), ("metrics.csv", "hparams.yaml"))
+    return list(loggers)
