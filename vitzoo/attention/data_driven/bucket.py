@@ -138,10 +138,11 @@ def scatter_combine(out: Tensor, lse: Tensor, index: Tensor, length: int,
     B, h, K, w, d = out.shape
     flat = index.reshape(B, h, K * w)  # [B, h, K·w]
     lse = lse.reshape(B, h, K * w)  # [B, h, K·w]
-    m = lse.new_full((B, h, length), float("-inf")).scatter_reduce(2, flat, lse, "amax")  # [B, h, M]
-    if extra is not None:
-        m = torch.maximum(m, extra[1])
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()  # stabiliser only
+    with torch.no_grad():  # the stabiliser only: autograd keeps nothing of it
+        m = lse.new_full((B, h, length), float("-inf")).scatter_reduce(2, flat, lse, "amax")  # [B, h, M]
+        if extra is not None:
+            m = torch.maximum(m, extra[1])
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     wts = (lse - m.gather(2, flat)).exp()  # [B, h, K·w]
     num = out.new_zeros(B, h, length, d).scatter_add(2, flat.unsqueeze(-1).expand(-1, -1, -1, d),
                                                      out.reshape(B, h, K * w, d) * wts.unsqueeze(-1))

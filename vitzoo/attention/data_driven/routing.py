@@ -80,7 +80,10 @@ from vitzoo.attention.data_driven.bucket import (
     prefix_part,
     scatter_combine,
 )
-from vitzoo.attention.functional import dense_attention, fixed_sizes
+from vitzoo.attention.data_driven.routing_memory import routing_memory
+from vitzoo.attention.data_driven.routing_reference import naive_nearest, routed_reference
+from vitzoo.attention.functional import fixed_sizes
+from vitzoo.costs import Saved
 
 
 def all_ranks_sum(t: Tensor) -> Tensor:
@@ -95,40 +98,6 @@ def all_ranks_sum(t: Tensor) -> Tensor:
 
 
 ASSIGNMENTS = ("nearest", "balanced")  # attention.assignment
-
-
-def naive_nearest(x: Tensor, centroids: Tensor) -> Tensor:
-    """Reference decision: the index of the centroid at the smallest Euclidean distance from each unit-normalised
-    row of ``x``, one (image, head) at a time (none of the fast path's code).
-
-    Args:
-        x: ``[B, h, T, d]`` queries or keys.
-        centroids: ``[h, K, d]`` unit centroids.
-
-    Returns:
-        ``[B, h, T]`` centroid indices.
-    """
-    B, h, T, _ = x.shape
-    out = torch.empty(B, h, T, dtype=torch.long, device=x.device)
-    for b in range(B):
-        for head in range(h):
-            rows = x[b, head] / x[b, head].norm(dim=-1, keepdim=True).clamp_min(1e-12)  # [T, d]
-            out[b, head] = ((centroids[head][None] - rows[:, None]) ** 2).sum(-1).argmin(-1)  # [T, K] -> [T]
-    return out
-
-
-def routed_reference(q: Tensor, k: Tensor, v: Tensor, kp: Tensor, vp: Tensor, c_q: Tensor, c_k: Tensor) -> Tensor:
-    """Reference of the routing heads given the decision: dense attention masked to the keys in the query's
-    cluster (its own key too where that cluster holds none) and the prefix keys.
-
-    Args:
-        q, k, v: ``[B, h, M, d]`` grid queries, keys, values; kp, vp: ``[B, h, P, d]`` prefix keys, values.
-        c_q, c_k: ``[B, h, M]`` the cluster of every query and of every key.
-    """
-    allowed = c_q[..., :, None] == c_k[..., None, :]  # [B, h, M, M]
-    allowed = allowed | torch.diag_embed(allowed.sum(-1) == 0)
-    allowed = torch.cat([torch.ones_like(allowed[..., :1]).expand(-1, -1, -1, kp.shape[2]), allowed], -1)
-    return dense_attention(q, torch.cat([kp, k], 2), torch.cat([vp, v], 2), allowed=allowed)
 
 
 @dataclass
@@ -213,8 +182,9 @@ class RoutingAttention(BucketAttention):
             w: cluster size.
             update: take an EMA k-means step on the centroids afterwards (training).
         """
-        x = F.normalize(torch.cat([q, k], 2), dim=-1)  # [B, h_r, 2M, d] queries then keys
-        aff = x @ self.centroids.transpose(-2, -1)  # [B, h_r, 2M, K]: one matmul for queries and keys
+        with torch.no_grad():  # a decision (top-w indices): autograd keeps nothing of it
+            x = F.normalize(torch.cat([q, k], 2), dim=-1)  # [B, h_r, 2M, d] queries then keys
+            aff = x @ self.centroids.transpose(-2, -1)  # [B, h_r, 2M, K]: one matmul for queries and keys
         if update:
             self.update_centroids(x, aff)
         aff_q, aff_k = aff.chunk(2, dim=-2)  # [B, h_r, M, K] each
@@ -244,8 +214,9 @@ class RoutingAttention(BucketAttention):
             q, k: grid queries and keys of the routing heads ``[B, h_r, M, d]``.
             update: take an EMA k-means step on the centroids afterwards (training).
         """
-        x = F.normalize(torch.cat([q, k], 2), dim=-1)  # [B, h_r, 2M, d] queries then keys
-        aff = x @ self.centroids.transpose(-2, -1)  # [B, h_r, 2M, K]
+        with torch.no_grad():  # a decision (argmax): autograd keeps nothing of it
+            x = F.normalize(torch.cat([q, k], 2), dim=-1)  # [B, h_r, 2M, d] queries then keys
+            aff = x @ self.centroids.transpose(-2, -1)  # [B, h_r, 2M, K]
         if update:
             self.update_centroids(x, aff)
         return aff.argmax(dim=-1).chunk(2, dim=-1)  # [B, h_r, M] each (NaN scores pick a cluster, stay NaN)
@@ -372,6 +343,24 @@ class RoutingAttention(BucketAttention):
             out = torch.cat([out, routed_reference(qg[:, hl:], kg[:, hl:], vg[:, hl:], kp[:, hl:], vp[:, hl:],
                                                    c_q, c_k)], 1)
         return self.dense_prefix_rows(qp, k, v, out)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype],
+                      span: Optional[int] = None) -> list[Saved]:
+        """:func:`~vitzoo.attention.data_driven.routing_memory.routing_memory` (``assignment: nearest``).
+
+        Args:
+            grid: token grid; batch: images; amp: autocast dtype or ``None``.
+            span: the routing heads' span S; default: the last forward's at ``grid`` (:meth:`span`).
+        """
+        check(self.cfg.assignment == "nearest", "memory() of attention.assignment=balanced is not derived; "
+                                                "use attention.assignment=nearest")
+        return routing_memory(self, grid, batch, amp, self.span(grid) if span is None else span)
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               span: Optional[int] = None) -> list[Saved]:
+        """:meth:`QKVAttention.memory` with the span S of the routing heads (default: the last forward's)."""
+        grid = grid or self.grid
+        return self.projection_memory(self.seq_len(grid), batch, amp) + self.attend_memory(grid, batch, amp, span)
 
     def attend_flops(self, grid: Grid) -> int:
         m, d, h, K, P = grid[0] * grid[1], self.head_dim, self.num_heads, self.num_clusters, self.num_prefix
