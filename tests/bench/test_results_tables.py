@@ -143,3 +143,17 @@ def test_check_fails_on_a_record_block_changed_by_hand(gen_docs, checkout, capsy
     compare = load_file("scripts", "compare")
     with pytest.raises(SystemExit):
         compare.main([str(checkout / "results" / "cifar10_short"), "--check"])
+
+
+def test_layer_summary_says_from_which_token_count_each_backend_pays_off():
+    rows = [{"backend": b, "tokens": str(n), "status": "ok" if r else "out of memory", "time_ratio": r}
+            for b, ratios in {"global": ("1.00", "1.00", "1.00"), "window": ("1.2", "3.5", "12.0"),
+                              "linear": ("0.9", "2.0", "11.5"), "mixer": ("1.3", "0.97", "0.8"),
+                              "synthesizer": ("0.86", "0.3", "")}.items()
+            for n, r in zip((256, 1024, 4096), ratios)]
+    text = rt.layer_summary(rows)
+    assert "from 256 tokens `window`; from 1,024 tokens `linear`; `mixer` at 256 tokens only (0.97× at 1,024)" in text
+    assert "`synthesizer` at no size (0.3× at 1,024)." in text  # 4,096 ran out of memory: not every backend ran
+    assert "At 1,024 tokens" not in text and "faster per layer" not in text  # none 10× at 1,024
+    rows[-1].update(status="ok", time_ratio="0.2")
+    assert rt.layer_summary(rows).endswith("At 4,096 tokens `window` and `linear` are 11.50–12.00× faster per layer.")

@@ -22,6 +22,7 @@ import csv
 import io
 import json
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -36,6 +37,7 @@ PREFIX = "results:"  # block names: results:<table>
 REQUIRED = ("machine", "command", "commit", "date", "doc")  # sidecar keys every table needs
 OPTIONAL = ("view", "backend_column", "left_out", "right")
 LEFT_OUT = "registered after this measurement; re-run the command above to add them"
+WIDTH = 115  # the line length of generated prose (docs/results.md wraps its paragraphs)
 RANGE = "~"  # a view column key ending in it shows ``key (key_min–key_max)``
 # header -> CSV column of the benchmark's own files (scripts/benchmark.py --mode models / --mode layers)
 VIEWS: dict[str, list[tuple[str, str]]] = {
@@ -166,6 +168,56 @@ def coverage(header: Sequence[str], cells: Sequence[Sequence[str]], meta: Mappin
             f"{', '.join(f'`{m}`' for m in missing)} ({meta.get('left_out') or LEFT_OUT}).")
 
 
+def tokens_text(n: int) -> str:
+    """A token count as the docs write it: ``1,024``."""
+    return f"{n:,}"
+
+
+def layer_summary(rows: Sequence[Mapping[str, str]], fast: float = 10.0) -> str:
+    """Where one layer pays off, from the layer benchmark's rows: for each backend the smallest token count from
+    which its time ratio over ``global`` stays above 1 at every larger count measured (a failed size does not pay
+    off), and the backends at least ``fast`` times faster at the largest count that every one of them ran.
+
+    Args:
+        rows: ``layers.csv`` rows (``backend``, ``tokens``, ``status``, ``time_ratio``); fast: the speed-up listed.
+    """
+    ratios: dict[str, dict[int, Optional[float]]] = {}
+    for r in rows:
+        ratio = value(r.get("time_ratio") or "") if r.get("status") == "ok" else None
+        ratios.setdefault(r["backend"], {})[int(r["tokens"])] = ratio if isinstance(ratio, float) else None
+    sizes = sorted({n for by in ratios.values() for n in by})
+    start: dict[int, list[str]] = {n: [] for n in sizes}
+    others = []
+    for name, by in sorted(ratios.items()):
+        if name == "global":
+            continue
+        pays = [n for n in sizes if all((by.get(m) or 0) > 1 for m in sizes if m >= n)]
+        if pays:
+            start[pays[0]].append(name)
+            continue
+        good = [n for n in sizes if (by.get(n) or 0) > 1]
+        last = [n for n in sizes if by.get(n) is not None]
+        if good:
+            after = next(n for n in sizes if n > good[-1])
+            tail = f" ({fmt(by[after])}× at {tokens_text(after)})" if by.get(after) is not None else ""
+            others.append(f"`{name}` at {' and '.join(map(tokens_text, good))} tokens only{tail}")
+        else:
+            others.append(f"`{name}` at no size" + (f" ({fmt(by[last[-1]])}× at {tokens_text(last[-1])})"
+                                                   if last else ""))
+    parts = [f"from {tokens_text(n)} tokens " + ", ".join(f"`{b}`" for b in names[:-1])
+             + (" and " if len(names) > 1 else "") + f"`{names[-1]}`" for n, names in start.items() if names]
+    text = ("Where one layer pays off (time ratio above 1 at that token count and at every larger one measured): "
+            + "; ".join(parts + others) + ".")
+    top = next((n for n in reversed(sizes) if all(by.get(n) is not None for by in ratios.values())), None)
+    if top is not None:
+        quick = sorted(((by[top], b) for b, by in ratios.items() if b != "global" and (by.get(top) or 0) >= fast),
+                       reverse=True)
+        if quick:
+            text += (f" At {tokens_text(top)} tokens " + ", ".join(f"`{b}`" for _, b in quick[:-1])
+                     + f" and `{quick[-1][1]}` are {fmt(quick[-1][0])}–{fmt(quick[0][0])}× faster per layer.")
+    return text
+
+
 def table_block(csv_path: Path, registered: Sequence[str]) -> tuple[str, str, str]:
     """``(block, doc, text)`` of one table: its block name, the Markdown file it goes to and its content.
 
@@ -183,6 +235,8 @@ def table_block(csv_path: Path, registered: Sequence[str]) -> tuple[str, str, st
         raise ConfigError(f"{csv_path.with_suffix('.json')}: {e}") from None
     if line:
         parts += ["", line]
+    if meta.get("view") == "layers":
+        parts += ["", textwrap.fill(layer_summary(rows), WIDTH, break_long_words=False, break_on_hyphens=False)]
     return PREFIX + csv_path.stem, meta["doc"], "\n".join(parts)
 
 
