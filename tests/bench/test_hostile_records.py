@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from matplotlib.collections import PathCollection
 
 from vitzoo.bench import labels
 from vitzoo.bench.ranking import BEGIN, END, MAX_LABELS, place_labels, rank_records, ranking_figure, top_backends
@@ -213,3 +214,28 @@ def test_a_crowded_chart_labels_only_the_most_accurate_points():
     ax, = fig.axes
     assert len(ax.texts) == MAX_LABELS
     assert min(float(t.xy[1]) for t in ax.texts) == pytest.approx(50 + (300 - MAX_LABELS) / 100)
+
+
+def test_a_chart_draws_as_many_artists_for_300_rows_as_for_3():
+    """Drawing time grows with the rows only inside each artist: one collection per kind of mark."""
+    def chart(n):
+        rows = [{"attention": "global", "model": "vit_cifar", "family": "dense", "top1": 50 + i / 100, "ci_low": 49.0,
+                 "ci_high": 51.0 + i / 100, "train_img_s": 100.0 + i, "train_peak_mb": 300.0,
+                 "seed_top1": [49.5, 50.5]} for i in range(n)]
+        ax, = ranking_figure(rows, "many").axes
+        marks = [c for c in ax.collections if isinstance(c, PathCollection)]  # bubbles, seed marks, legend keys
+        return len(ax.collections), sum(len(c.get_offsets()) for c in marks)
+
+    (few, few_points), (many, many_points) = chart(3), chart(300)
+    assert few == many and (few_points, many_points) == (3 * 3, 300 * 3)  # every bubble and seed mark, same artists
+
+
+def test_ranking_looks_up_each_backends_family_once(tmp_path, monkeypatch):
+    from vitzoo.bench import ranking
+
+    calls = []
+    monkeypatch.setattr(ranking, "family_of", lambda name: calls.append(name) or "dense")
+    records = [{**_rec(name, acc, epochs=e), "path": f"{e}ep/{name}/seed0.json"}
+               for name, acc in GOOD.items() for e in range(1, 51)]  # 50 budgets: 50 rows per backend
+    rows = ranking.aggregate(records)
+    assert len(rows) == 50 * len(GOOD) and sorted(calls) == sorted(GOOD)
