@@ -15,6 +15,7 @@ from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
+from vitzoo.costs import Saved, itemsize
 from vitzoo.ops.efficient import efficient_attention_qkv
 
 
@@ -49,6 +50,12 @@ class EfficientAttention(QKVAttention):
         n, d = self.seq_len(grid), self.head_dim
         # ρk(K)ᵀV: N·d·d per head, ρq(Q)(ρk(K)ᵀV): N·d·d per head
         return self.num_heads * 2 * n * d * d
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        n, h, d, size = self.seq_len(grid), self.num_heads, self.head_dim, itemsize(amp)
+        # the fused core keeps q|k|v and the context in q|k|v's dtype; the softmaxes are recomputed in backward
+        return [Saved("q|k|v (projection output)", batch * n * 3 * self.dim, size),  # [B, N, 3C]
+                Saved("context ρk(K)ᵀV", batch * h * d * d, size)]  # [B, h, d, d]
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """The definition written out as one triple sum, with explicit exp-normalisations.

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitzoo.costs import Saved
+
 
 def feature_map_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: Optional[float] = None) -> Tensor:
     """``φ(Q)(φ(K)ᵀV) / φ(Q)(φ(K)ᵀ1)`` in linear time.
@@ -60,3 +62,20 @@ def _floor(den: Tensor, eps: Optional[float]) -> Tensor:
     return den if eps is None else den.clamp_min(eps)
 
 
+def feature_core_memory(batch: int, n: int, heads: int, head_dim: int, features: int, qkv_itemsize: int,
+                        shifts: bool) -> list[Saved]:
+    """What :class:`vitzoo.ops.feature.FeatureAttentionCore` keeps for backward (its compiled CPU kernel returns
+    the same tensors, so the dispatch's choice does not change it): the fused projection and small results.
+
+    Args:
+        batch: images; n: tokens; heads: h; head_dim: d; features: m (features of φ per head).
+        qkv_itemsize: bytes per element of the ``qkv`` the core takes.
+        shifts: the ``"exp"`` map's query and key stabilisers are kept too.
+    """
+    rows = batch * heads * n  # one float32 per (image, head, token)
+    items = [Saved("q|k|v (projection output)", batch * n * 3 * heads * head_dim, qkv_itemsize),  # [B, N, 3C]
+             Saved("φ(K)ᵀ[V | 1]", batch * heads * features * (head_dim + 1), 4),  # [B, h, m, d+1] float32
+             Saved("normaliser φ(Q)φ(K)ᵀ1", rows, 4)]  # [B, h, N, 1] float32
+    if shifts:
+        items += [Saved("query stabiliser", rows, 4), Saved("key stabiliser", rows, 4)]  # [B, h, N, 1] each
+    return items

@@ -16,16 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
 from vitzoo.attention.linear.feature_map import (
+    feature_core_memory,
     feature_map_attention,
     feature_map_attention_flops,
     feature_map_attention_quadratic,
 )
+from vitzoo.costs import Saved, itemsize
 from vitzoo.ops.feature import feature_attention_qkv
 
 
@@ -63,6 +66,11 @@ class LinearAttention(QKVAttention):
     def attend_flops(self, grid: Grid) -> int:
         # φ(K)ᵀ[V | 1]: N·d·(d+1), φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1]: N·d·(d+1) per head -> 2NdC + 2NC
         return feature_map_attention_flops(self.num_heads, self.seq_len(grid), self.head_dim, self.head_dim)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        # the fused core keeps q|k|v, φ(K)ᵀ[V | 1] and the normalisers; elu features: m = d, no stabilisers
+        d = self.head_dim
+        return feature_core_memory(batch, self.seq_len(grid), self.num_heads, d, d, itemsize(amp), shifts=False)
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         # (φ(Q)φ(K)ᵀ)V / (φ(Q)φ(K)ᵀ1), the N×N kernel matrix written out

@@ -20,10 +20,12 @@ from torch import Tensor, nn
 
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check_non_negative, check_positive
 from vitzoo.attention.linear.feature_map import (
+    feature_core_memory,
     feature_map_attention,
     feature_map_attention_flops,
     feature_map_attention_quadratic,
 )
+from vitzoo.costs import Saved, itemsize
 from vitzoo.ops.feature import feature_attention_qkv
 
 
@@ -179,6 +181,13 @@ class RandomFeatureAttention(QKVAttention):
         features = 2 * self.num_heads * n * d * m
         # φ(K)ᵀ[V | 1] and φ(Q)·[φ(K)ᵀV | φ(K)ᵀ1] over the features_per_row·m features of φ
         return features + feature_map_attention_flops(self.num_heads, n, self.features_per_row * m, d)
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        # the fused core (ω, a buffer, and the scale, a parameter, are not activations): q|k|v, φ(K)ᵀ[V | 1] over
+        # features_per_row·m features, the normalisers and, for "exp", the two stabilisers
+        m = self.features_per_row * self.cfg.num_features
+        return feature_core_memory(batch, self.seq_len(grid), self.num_heads, self.head_dim, m, itemsize(amp),
+                                   shifts=self.feature_kind == "exp")
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         # explicit kernel matrix φ(Q)φ(K)ᵀ [N, N], then AV / A1 (same clamp)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,9 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, check, check_positive_number
+from vitzoo.attention.linear.feature_map import feature_core_memory
 from vitzoo.attention.linear.random_features import RandomFeatureAttention, check_random_features
+from vitzoo.costs import Saved, itemsize
 from vitzoo.ops.feature import feature_attention_qkv
 
 FEATURE_MAPS = ("positive", "trig")  # values of attention.feature_map
@@ -146,3 +149,18 @@ class RFAAttention(RandomFeatureAttention):
         omega = (self.features() * 2**-0.5).expand(h, -1, -1)  # [h, D, d]: the PyTorch core (no compiled kernel)
         out = feature_attention_qkv("exp", prepared, h, omega)  # no floor: the normaliser is positive
         return self.proj_drop(self.proj(out))
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        if self.feature_kind == "fourier":
+            return super().attend_memory(grid, batch, amp)
+        n, h, d, D, size = self.seq_len(grid), self.num_heads, self.head_dim, self.cfg.num_features, itemsize(amp)
+        # F.normalize of q and k keeps q|k|v (it reads views of it) and two [B, N, 2, h, 1] norms in its dtype
+        items = [Saved("q|k|v (projection output)", batch * n * 3 * self.dim, size),  # [B, N, 3C]
+                 Saved("q, k norms", batch * n * 2 * h, size), Saved("q, k norms (clamped)", batch * n * 2 * h, size)]
+        if self.cfg.learn_scale:  # the scale's gradient reads the unit q̂, k̂ [B, N, 2, h, d]
+            items.append(Saved("unit q̂, k̂", batch * n * 2 * self.dim, size))
+        # s·√2·d^¼ [h, d] (float32, from s); the core's input in float32 (s promotes it); ω/√2 [D, d] from the buffer
+        items += [Saved("scale s·√2·d^¼", h * d, 4), Saved("core input [√2·d^¼·u | V]", batch * n * 3 * self.dim, 4),
+                  Saved("ω/√2", D * d, 4)]
+        core = feature_core_memory(batch, n, h, d, D, 4, shifts=True)  # its q|k|v is the core input above
+        return items + core[1:]
