@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -124,11 +125,22 @@ def readme_figures() -> list[str]:
             for f in results_tables.unquoted_figures(summary, generated)]
 
 
+@contextlib.contextmanager
+def inside(folder: Path):
+    """Run the enclosed code with ``folder`` as the current folder (``contextlib.chdir`` needs Python 3.11)."""
+    here = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
 def results(root: Path, check: bool) -> tuple[list[str], list[str]]:
     """The measured tables, the record blocks and README's figures under ``root``: ``(report lines, differences)``."""
     if not (root / RESULTS).is_file():
         return [f"skipped the results blocks: no {RESULTS} under {root}"], []
-    with contextlib.chdir(root):
+    with inside(root):
         tables = results_tables.refresh_tables(Path("."), list_attention(), check)
         source = f"{results_tables.FOLDER}/*.csv"
         lines = ([f"{RESULTS}: the measured tables match {source}"] if not tables else
