@@ -80,6 +80,16 @@ def saved_bytes(items: Iterable[Saved]) -> int:
     return sum(item.nbytes for item in items)
 
 
+def casts_input(amp: Optional[torch.dtype], input_dtype: Optional[torch.dtype] = None) -> bool:
+    """Whether an autocast op reading a tensor of ``input_dtype`` makes its own copy of it in ``amp`` (autocast
+    caches the casts of leaf tensors only, so each op reading a non-leaf input casts it apart).
+
+    Args:
+        amp: the autocast dtype or ``None``; input_dtype: the tensor's dtype (``None``: fp32).
+    """
+    return amp is not None and (input_dtype or torch.float32) != amp
+
+
 def itemsize(amp: Optional[torch.dtype], cast: bool = True) -> int:
     """Bytes per element of a tensor an op computes under autocast ``amp`` (``None``: fp32 training).
 

@@ -3,7 +3,9 @@
 Generated from the registry: each backend, built as a ViT block builds it (one class token), at 64, 256 and
 1,024 grid tokens, in fp32 and under bf16 autocast, runs one training forward inside
 :class:`~vitzoo.measure.activations.SavedTensorCounter`; the analytic bytes must equal the counted activation
-bytes exactly (the counter shares no code with the formulas).
+bytes exactly (the counter shares no code with the formulas). The same backends built as a Swin block builds them
+(no prefix token, window 4) take a bf16 input under bf16 autocast, as Swin's residual stream is under CPU autocast,
+and ``memory(..., input_dtype=torch.bfloat16)`` must equal the counter there too.
 """
 from __future__ import annotations
 
@@ -19,24 +21,26 @@ AMPS = [None, torch.bfloat16]
 DIM, HEADS, BATCH = 32, 4, 2
 
 
-def counted_and_predicted(name: str, grid: tuple[int, int], amp) -> tuple[int, int, str]:
+def counted_and_predicted(name: str, grid: tuple[int, int], amp, num_prefix: int = 1,
+                          input_dtype=None) -> tuple[int, int, str]:
     """(counted activation bytes, ``memory()`` bytes, the counter's table) of one training forward.
 
     Args:
         name: registered backend; grid: token grid; amp: autocast dtype or ``None``.
+        num_prefix: prefix tokens (ViT: 1, Swin: 0); input_dtype: the input's dtype (``None``: fp32).
     """
     torch.manual_seed(0)
-    mixer = make_attention(name, grid, num_prefix=1, dim=DIM, heads=HEADS).train()
-    leaf = torch.randn(BATCH, 1 + grid[0] * grid[1], DIM, requires_grad=True)  # [B, 1 + H·W, C]
+    mixer = make_attention(name, grid, num_prefix=num_prefix, dim=DIM, heads=HEADS).train()
+    leaf = torch.randn(BATCH, num_prefix + grid[0] * grid[1], DIM, requires_grad=True)  # [B, P + H·W, C]
     # not a leaf, as in a block (a LayerNorm's output): autocast caches its bf16 copy only for leaves, so each
     # projection reading the input makes its own copy
-    x = leaf.clone()
+    x = leaf.to(input_dtype or torch.float32, copy=True)
     with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
         with SavedTensorCounter(mixer) as counter:
             out = mixer(x, grid)
             counted, table = counter.activation_bytes, counter.table()
     del out
-    return counted, saved_bytes(mixer.memory(grid, batch=BATCH, amp=amp)), table
+    return counted, saved_bytes(mixer.memory(grid, batch=BATCH, amp=amp, input_dtype=input_dtype)), table
 
 
 @pytest.mark.parametrize("amp", AMPS, ids=["fp32", "bf16"])
@@ -45,3 +49,13 @@ def counted_and_predicted(name: str, grid: tuple[int, int], amp) -> tuple[int, i
 def test_memory_equals_saved_activation_bytes(name, grid, amp, one_thread):
     counted, predicted, table = counted_and_predicted(name, grid, amp)
     assert predicted == counted, f"{name}: memory() {predicted} B, counted {counted} B\n{table}"
+
+
+@pytest.mark.parametrize("grid", GRIDS[:2], ids=lambda g: f"{g[0] * g[1]}tok")
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_memory_of_a_bf16_input_in_a_swin_block(name, grid, one_thread):
+    # Swin's patch norm keeps its convolution's bf16 under CPU autocast, so its mixers read a bf16 input: every
+    # autocast op reads that one storage instead of casting the input apart
+    bf16 = torch.bfloat16
+    counted, predicted, table = counted_and_predicted(name, grid, bf16, num_prefix=0, input_dtype=bf16)
+    assert predicted == counted, f"{name}: memory(input_dtype=bf16) {predicted} B, counted {counted} B\n{table}"

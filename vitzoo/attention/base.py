@@ -11,9 +11,12 @@ Contract (one interface for every mixer):
   Swin paper's convention: a fused multiply-add counts 1; softmax, scaling, bias and mask adds,
   activations and reductions count 0). Each matmul is commented where it is counted.
 * ``formula``: the cost as text, e.g. ``"4NC² + 2N²C"``, shown next to the numbers.
-* ``memory(grid, batch, amp)``: the tensors a training forward keeps for backward (:class:`vitzoo.costs.Saved`,
-  name, elements, bytes per element), exact against :class:`vitzoo.measure.activations.SavedTensorCounter`
-  on CPU's default path, as ``flops`` is against fvcore.
+* ``memory(grid, batch, amp, input_dtype)``: the tensors a training forward keeps for backward
+  (:class:`vitzoo.costs.Saved`, name, elements, bytes per element), exact against
+  :class:`vitzoo.measure.activations.SavedTensorCounter` on CPU's default path, as ``flops`` is against fvcore.
+  ``input_dtype`` is the dtype of the mixer's input: fp32 (``None``) in a ViT, whose residual stream stays fp32
+  under autocast; the autocast dtype in Swin, whose stream autocast keeps in it. A backend whose saved set does
+  not depend on it writes ``memory(grid, batch, amp)`` and the base accepts and ignores the argument for it.
 * ``reference(x, grid)``: a plain, slow implementation of the same maths (explicit
   ``softmax(QKᵀ/√d)V`` with the pattern's mask for sparse backends) that tests compare against.
 * ``before_train_step()``: per-step state, called once before every training step, outside ``forward``
@@ -38,14 +41,16 @@ A backend's family is the subpackage its module lives in (:func:`vitzoo.attentio
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitzoo.costs import Saved, itemsize
+from vitzoo.costs import Saved, casts_input, itemsize
 from vitzoo.registry import ConfigError
 
 Grid = tuple[int, int]
@@ -80,6 +85,21 @@ class MixerContext:
     layer_index: int = 0
     window: int = 7
     shifted: bool = False
+
+
+def ignores_input_dtype(memory: Callable[..., list[Saved]]) -> Callable[..., list[Saved]]:
+    """A backend's ``memory(grid, batch, amp, ...)`` that also takes ``input_dtype`` and ignores it: the backend's
+    saved set is the same for an fp32 input and for one in the autocast dtype (tests/attention/test_memory.py
+    checks both against the counter).
+
+    Args:
+        memory: the backend's own ``memory`` function, without an ``input_dtype`` parameter.
+    """
+    @functools.wraps(memory)
+    def accepting(self: "TokenMixer", grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+                  *args: Any, input_dtype: Optional[torch.dtype] = None, **kwargs: Any) -> list[Saved]:
+        return memory(self, grid, batch, amp, *args, **kwargs)
+    return accepting
 
 
 def check(condition: bool, message: str) -> None:
@@ -127,6 +147,14 @@ class TokenMixer(nn.Module):
     exposes_attention: ClassVar[bool] = False  # forward_with_keys: q, k and an additive key bias (token reducers)
     flop_handles: ClassVar[dict] = {}  # extra fvcore op handles this backend needs, e.g. {"aten::fft_fft2": fn}
     registry_name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's own ``memory`` without an ``input_dtype`` parameter takes it and ignores it
+        (:func:`ignores_input_dtype`), so every mixer answers the one signature."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("memory")
+        if own is not None and "input_dtype" not in inspect.signature(own).parameters:
+            cls.memory = ignores_input_dtype(own)
 
     def __init__(self, cfg: Any, ctx: MixerContext):
         super().__init__()
@@ -184,8 +212,8 @@ class TokenMixer(nn.Module):
     def reference(self, x: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1,
-               amp: Optional[torch.dtype] = None) -> list[Saved]:  # pragma: no cover - abstract
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:  # pragma: no cover - abstract
         """The tensors one training forward of this mixer keeps for backward, each storage once: what
         :class:`vitzoo.measure.activations.SavedTensorCounter` counts as activation bytes inside it on CPU's
         default path (its input where an op saves it, autocast copies of weights included).
@@ -193,7 +221,9 @@ class TokenMixer(nn.Module):
         Args:
             grid: token grid (default: the construction grid); the prefix tokens come on top.
             batch: images in the step.
-            amp: autocast dtype (``torch.bfloat16``) or ``None`` for fp32; the input is fp32 either way.
+            amp: autocast dtype (``torch.bfloat16``) or ``None`` for fp32.
+            input_dtype: dtype of the mixer's input: ``None`` for fp32 (a ViT's stream), or ``amp`` (Swin's
+                stream under autocast, where each autocast op reads the input itself instead of its own cast).
         """
         raise NotImplementedError
 
@@ -292,25 +322,30 @@ class QKVAttention(TokenMixer):
     def flops(self, grid: Optional[Grid] = None) -> int:
         return self.projection_flops(self.seq_len(grid)) + self.attend_flops(grid or self.grid)
 
-    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
-        """What the two projections keep: each one's input (an autocast copy under ``amp``) and, under
-        ``amp``, its weight's autocast copy. The q/k/v output is the attend's to list (it saves views of it).
+    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype],
+                          input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
+        """What the two projections keep: each one's input (an autocast copy under ``amp`` of an fp32 input, the
+        input itself when it is in the autocast dtype) and, under ``amp``, its weight's autocast copy. The q/k/v
+        output is the attend's to list (it saves views of it).
 
         Args:
-            n: tokens per image; batch: images; amp: autocast dtype or ``None``.
+            n: tokens per image; batch: images; amp: autocast dtype or ``None``; input_dtype: the input's dtype
+                (``None``: fp32).
         """
         C, size = self.dim, itemsize(amp)
         items = [Saved("qkv input", batch * n * C, size), Saved("proj input", batch * n * C, size)]
         if amp is not None:
             items += [Saved("qkv weight (autocast copy)", 3 * C * C, size),
                       Saved("proj weight (autocast copy)", C * C, size)]
-            if self.separate_q:  # q and k|v are two products, each casting the (non-leaf) input apart
+            if self.separate_q and casts_input(amp, input_dtype):  # two products, each casting the input apart
                 items.append(Saved("k|v input (its own autocast copy)", batch * n * C, size))
         return items
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         grid = grid or self.grid
-        return self.projection_memory(self.seq_len(grid), batch, amp) + self.attend_memory(grid, batch, amp)
+        return (self.projection_memory(self.seq_len(grid), batch, amp, input_dtype)
+                + self.attend_memory(grid, batch, amp))
 
     def attend_memory(self, grid: Grid, batch: int,
                       amp: Optional[torch.dtype]) -> list[Saved]:  # pragma: no cover - abstract

@@ -66,7 +66,8 @@ class Block(nn.Module):
             batch: images in the step.
             amp: autocast dtype or ``None`` for fp32.
             stream: bytes per element of the residual stream entering the block (the norms' inputs): 4 in the
-                ViT, whose position embedding keeps it fp32; the autocast size in Swin under autocast.
+                ViT, whose position embedding keeps it fp32; the autocast size in Swin under autocast. norm1 keeps
+                it, so it is the mixer's input too (its ``memory(input_dtype=...)``).
 
         Raises:
             NotImplementedError: the mixer, or the reducer, has no memory formula.
@@ -86,7 +87,8 @@ class Block(nn.Module):
         # mixers that declare ``keeps_input_dtype`` (the FFT mixers cast their result back to the input's)
         mixed = stream if getattr(self.attn, "keeps_input_dtype", False) else size
         items = prefixed("norm1", layernorm_memory(rows, dim, stream))  # [B, N, C] and [B, N, 1] twice
-        items += prefixed("attn", self.attn.memory(grid, batch=batch, amp=amp))
+        input_dtype = amp if amp is not None and stream == size else None  # norm1 keeps the stream's dtype
+        items += prefixed("attn", self.attn.memory(grid, batch=batch, amp=amp, input_dtype=input_dtype))
         items += drop_path_memory("drop_path (mixer)", self.drop_path, batch, mixed)  # [B, 1, 1]
         items += prefixed("norm2", layernorm_memory(rows, dim, stream))  # the residual sum keeps the stream's dtype
         items += prefixed("mlp", mlp_memory(self.mlp, rows, amp))

@@ -228,8 +228,10 @@ class ReformerAttention(BucketAttention):
         """Shared query-key and value projection ``2nC²`` plus output projection ``nC²``."""
         return 3 * n * self.dim * self.dim
 
-    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
-        """The ``qv`` and output projections' inputs and, under ``amp``, their weights' autocast copies."""
+    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype],
+                          input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
+        """The ``qv`` and output projections' inputs and, under ``amp``, their weights' autocast copies (one product
+        reads the input: the same for any ``input_dtype``)."""
         C, size = self.dim, itemsize(amp)
         items = [Saved("qv input", batch * n * C, size), Saved("proj input", batch * n * C, size)]
         if amp is not None:

@@ -76,7 +76,7 @@ from vitzoo.attention.sparse.neighbourhood import (
     NeighbourhoodAttention,
     check_num_global_option,
 )
-from vitzoo.costs import Saved, itemsize
+from vitzoo.costs import Saved, casts_input, itemsize
 
 GLOBAL_PROJECTIONS = ("separate", "shared")  # values of attention.global_projections
 GLOBAL_TOKENS = ("persistent", "per_layer")  # values of attention.global_tokens
@@ -198,33 +198,38 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
         extra = 0 if self.qkv_global is None else 2 * n * self.dim * self.dim
         return super().projection_flops(n) + extra
 
-    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+    def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype],
+                          input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """With ``qkv_global``, what :meth:`split_rows` keeps: the input ``x`` (of K_s, V_s and K_g, V_g), the
         grid rows' and the prefix rows' inputs where they are copies (a slice across images: ``B > 1``; under
-        autocast always: each slice is cast apart) and, under autocast, each weight slice's copy.
+        autocast with an fp32 input always: each product casts its slice apart) and, under autocast, each weight
+        slice's copy.
 
         Args:
-            n: tokens N = P + H·W; batch: images; amp: autocast dtype or None.
+            n: tokens N = P + H·W; batch: images; amp: autocast dtype or None; input_dtype: the input's dtype
+                (``None``: fp32).
         """
         if self.qkv_global is None:
-            return super().projection_memory(n, batch, amp)
+            return super().projection_memory(n, batch, amp, input_dtype)
         B, C, P, size = batch, self.dim, self.num_prefix, itemsize(amp)
         items = [Saved("qkv input", B * n * C, size), Saved("proj input", B * n * C, size)]  # [B, N, C] each
-        if amp is None:
+        if not casts_input(amp, input_dtype):  # every product reads x or a slice of it
             if P and B > 1:  # x[:, P:] flattened for the grid queries: [B·L, C]
-                items.append(Saved("grid queries' input (copy)", B * (n - P) * C, 4))
+                items.append(Saved("grid queries' input (copy)", B * (n - P) * C, size))
             if P > 1 and B > 1:  # x[:, :P] flattened for the prefix queries: [B·P, C]
-                items.append(Saved("prefix queries' input (copy)", B * P * C, 4))
-            return items
-        items += [Saved("global k|v input (its own autocast copy)", B * n * C, size),  # [B, N, C]: a second product
-                  Saved("grid queries' input (autocast copy)", B * (n - P) * C, size),  # [B, L, C]
-                  Saved("q weight rows (autocast copy)", C * C, size),  # [C, C]
-                  Saved("k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
-                  Saved("global k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
-                  Saved("proj weight (autocast copy)", C * C, size)]  # [C, C]
-        if P:
-            items += [Saved("prefix queries' input (autocast copy)", B * P * C, size),  # [B, P, C]
-                      Saved("global q weight rows (autocast copy)", C * C, size)]  # [C, C]
+                items.append(Saved("prefix queries' input (copy)", B * P * C, size))
+        else:
+            items += [Saved("global k|v input (its own autocast copy)", B * n * C, size),  # [B, N, C]: a second product
+                      Saved("grid queries' input (autocast copy)", B * (n - P) * C, size)]  # [B, L, C]
+            if P:
+                items.append(Saved("prefix queries' input (autocast copy)", B * P * C, size))  # [B, P, C]
+        if amp is not None:
+            items += [Saved("q weight rows (autocast copy)", C * C, size),  # [C, C]
+                      Saved("k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
+                      Saved("global k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
+                      Saved("proj weight (autocast copy)", C * C, size)]  # [C, C]
+            if P:
+                items.append(Saved("global q weight rows (autocast copy)", C * C, size))  # [C, C]
         return items
 
     def attend_flops(self, grid: Grid) -> int:

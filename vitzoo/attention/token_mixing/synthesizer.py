@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive
 from vitzoo.attention.token_mixing.token_axis import TokenAxisMixin
-from vitzoo.costs import Saved, itemsize
+from vitzoo.costs import Saved, casts_input, itemsize
 
 
 @dataclass
@@ -154,16 +154,19 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
             total += 2 * self.token_param_flops(h * n0 * self.rank, grid)  # resample R₁, R₂
         return total
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """What a training forward keeps: the projections' inputs and weight casts, the logits' inputs (dense: the
         ReLU output and both operands of the per-head product; random: the factors' casts or resampled copies),
         the softmax output where it needs a gradient and the operands of ``softmax(B)·V``.
 
         Dense mode projects the same input twice (``v`` and ``dense1``): under ``amp`` each makes its own cast
-        of it (autocast caches casts of leaf tensors only, and a block's input is none).
+        of an fp32 input (autocast caches casts of leaf tensors only, and a block's input is none); an input in
+        the autocast dtype is the one storage both keep.
 
         Args:
-            grid: token grid (default: the construction grid); batch: images; amp: autocast dtype or ``None``.
+            grid: token grid (default: the construction grid); batch: images; amp: autocast dtype or ``None``;
+            input_dtype: the input's dtype (``None``: fp32).
         """
         grid = grid or self.grid
         B, n, c, h, d, size = batch, self.seq_len(grid), self.dim, self.num_heads, self.head_dim, itemsize(amp)
@@ -179,9 +182,10 @@ class SynthesizerAttention(TokenAxisMixin, TokenMixer):
                           Saved("W₂ᵀ broadcast over images (a copy)", B * h * d * n, size)]  # [B·h, d, N]
             else:
                 items += self.token_param_memory("W₂", h * n * d, grid, amp)  # [h, N, d]
+            if casts_input(amp, input_dtype):
+                items.append(Saved("dense1 input (autocast copy)", B * n * c, size))  # [B, N, C]
             if amp is not None:
-                items += [Saved("dense1 input (autocast copy)", B * n * c, size),  # [B, N, C]
-                          Saved("dense1 weight (autocast copy)", c * c, size)]  # [C, C]
+                items.append(Saved("dense1 weight (autocast copy)", c * c, size))  # [C, C]
         elif self.rank is not None and self.cfg.trainable:
             items += self.token_param_memory("R₁, R₂", 2 * h * n * self.rank, grid, amp)  # 2 x [h, N, r]
         # softmax(B): float32 logits (a parameter, or a product plus a float32 bias) stay float32 under amp;
