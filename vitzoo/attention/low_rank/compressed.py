@@ -144,15 +144,18 @@ class CompressedAttention(TokenMixer):
         total += n * c * c  # output projection: N×C times C×C
         return total
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """What a training forward keeps: the projections' and the convolution's inputs (autocast copies of them
         and of their weights under ``amp``), the norm's statistics and SDPA's q, k|v, output and log-sum-exp.
 
         With ``reduction: 1`` the q and kv projections take the same input: under ``amp`` each makes its own
-        cast of it (autocast caches casts of leaf tensors only, and a block's input is none).
+        cast of an fp32 input (autocast caches casts of leaf tensors only, and a block's input is none); an input
+        in the autocast dtype is the one storage both keep.
 
         Args:
-            grid: token grid (default: the construction grid); batch: images; amp: autocast dtype or ``None``.
+            grid: token grid (default: the construction grid); batch: images; amp: autocast dtype or ``None``;
+            input_dtype: the input's dtype (``None``: fp32).
         """
         grid = grid or self.grid
         B, n, C, h, r, size = batch, self.seq_len(grid), self.dim, self.num_heads, self.reduction, itemsize(amp)
@@ -165,7 +168,7 @@ class CompressedAttention(TokenMixer):
                 Saved("norm input (sr output)", B * C * hr * wr, size),  # [B, C, H'·W']
                 Saved("norm mean (fp32)", B * hr * wr, 4), Saved("norm rstd (fp32)", B * hr * wr, 4),  # [B, H'·W', 1]
             ]
-        if r > 1 or amp is not None:  # r = 1 in fp32: kv saves x, the q input's storage
+        if r > 1 or (amp is not None and (input_dtype or torch.float32) != amp):  # else kv saves q's input itself
             items.append(Saved("kv input", B * keys * C, size))  # [B, K, C]
         items += [
             Saved("q (projection output)", B * n * C, size),  # [B, N, C]
