@@ -12,6 +12,7 @@ final ``φ(q) ⊙ kv`` is an elementwise product (0, as every elementwise op in 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -68,3 +70,17 @@ class HydraAttention(TokenMixer):
         n, c = self.seq_len(grid), self.dim
         # qkv 3NC², Σ_n k⊙v N·C, proj NC²
         return 4 * n * c * c + n * c
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        n, C, size = self.seq_len(grid), self.dim, itemsize(amp)
+        tokens = batch * n * C  # one [B, N, C] tensor
+        items = [Saved("qkv input", tokens, size), Saved("proj input q̂ ⊙ kv", tokens, size)]
+        if amp is not None:
+            items += [Saved("qkv weight (autocast copy)", 3 * C * C, size),
+                      Saved("proj weight (autocast copy)", C * C, size)]
+        # F.normalize reads q and k (views of q|k|v) and keeps each token's norm and clamped norm [B, N, 1]
+        items += [Saved("q|k|v (projection output)", 3 * tokens, size),  # [B, N, 3C]
+                  *(Saved(f"{t} token norms{c}", batch * n, size) for t in "qk" for c in ("", " (clamped)"))]
+        # the einsum's batched product takes k̂ and v as [B·C, N, 1] copies; q̂ ⊙ kv keeps both factors
+        return items + [Saved("k̂ (einsum copy)", tokens, size), Saved("v (einsum copy)", tokens, size),
+                        Saved("kv = Σ_n k̂ ⊙ v", batch * C, size), Saved("q̂", tokens, size)]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention
+from vitzoo.costs import Saved, itemsize
 
 
 @dataclass
@@ -52,6 +53,23 @@ class CrossCovarianceAttention(QKVAttention):
         n, d = self.seq_len(grid), self.head_dim
         # Q̂ᵀK̂: N·d·d per head; V·Aᵀ: N·d·d per head
         return self.num_heads * 2 * n * d * d
+
+    def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
+        n, h, d, C, size = self.seq_len(grid), self.num_heads, self.head_dim, self.dim, itemsize(amp)
+        weights = batch * h * d * d  # one [B, h, d, d] matrix
+        # F.normalize over the tokens reads q and k (views of q|k|v) and keeps each one's norm and clamped norm
+        items = [Saved("q|k|v (projection output)", batch * n * 3 * C, size),  # [B, N, 3C]
+                 *(Saved(f"{t} column norms{c}", batch * C, size) for t in "qk" for c in ("", " (clamped)")),
+                 Saved("q̂", batch * n * C, size), Saved("k̂", batch * n * C, size),  # [B, h, N, d] each
+                 Saved("scores Q̂ᵀK̂ (τ's gradient)", weights, size),
+                 Saved("softmax weights", weights, itemsize(amp, cast=False))]  # autocast keeps softmax in fp32
+        if self.attn_drop.p > 0:  # CPU's dropout multiplies by a scaled mask in the weights' dtype (fp32)
+            items.append(Saved("dropout mask", weights, 4))
+            if amp is None:  # V·Aᵀ reads the dropped weights (under autocast: their cast below)
+                items.append(Saved("dropped weights", weights, 4))
+        if amp is not None:
+            items.append(Saved("weights (autocast copy)", weights, size))
+        return items + [Saved("v (heads layout copy)", batch * n * C, size)]  # [B·h, N, d]
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:
         """Explicit sums: ``A_ce = τ Σ_n q_nc k_ne / (‖q_·c‖ ‖k_·e‖)``, ``out_nc = Σ_e softmax_e(A)_ce v_ne``."""
