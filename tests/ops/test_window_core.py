@@ -18,7 +18,7 @@ def test_window_core_gradcheck(chunk, masked, keep, monkeypatch):
     probabilities recomputed from the log-sum-exp or kept from forward. The windows read shuffled tokens; with the
     mask also padding slots (masked as keys) and a prefix token."""
     monkeypatch.setattr(window_core, "SCORE_ELEMENTS", chunk)
-    monkeypatch.setattr(window_core, "_keeps_probs", lambda T, head_dim: keep)
+    monkeypatch.setattr(window_core, "keeps_probs", lambda T, head_dim: keep)
     torch.manual_seed(0)
     B, h, d, nw, m2 = 2, 2, 3, 3, 4
     prefix, padding = (1, 2) if masked else (0, 0)
@@ -45,7 +45,7 @@ def test_window_core_plain_partition(chunk, keep, monkeypatch):
     gathered path's outputs and gradients, and finite differences agree with its backward (float64); with small
     blocks they hold whole rows of windows."""
     monkeypatch.setattr(window_core, "SCORE_ELEMENTS", chunk)
-    monkeypatch.setattr(window_core, "_keeps_probs", lambda T, head_dim: keep)
+    monkeypatch.setattr(window_core, "keeps_probs", lambda T, head_dim: keep)
     torch.manual_seed(0)
     (H, W), window, h, d = (4, 6), 2, 2, 3
     index, _ = window_index((H, W), window, 0, 0)  # [nW, M²]

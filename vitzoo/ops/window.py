@@ -9,7 +9,7 @@ q, k and v. :class:`WindowCore` takes the fused projection ``qkv[B, N, 3C]`` of 
 ``[B, N, C]`` in token order (what the output projection takes). Forward copies each window's q, k and v heads
 into one ``[3, B·nW·h, T, d]`` buffer, the same size as ``qkv``, and saves it in place of ``qkv`` (backward reads
 them without a second gather), with the bias and the log-sum-exp ``[B·nW, h, T]``; it recomputes the
-probabilities in backward (windows no longer than a head is wide keep them instead: :func:`_keeps_probs`) and
+probabilities in backward (windows no longer than a head is wide keep them instead: :func:`keeps_probs`) and
 adds the q/k/v gradients into one ``[B, N, 3C]`` buffer. Windows that just tile the grid (no shift, padding or
 prefix) are read and written through strided views (:class:`_GridSlots`), the others through their rows
 (:class:`_GatheredSlots`). Scores and log-sum-exp are in log2 units: ``exp2`` is the fast exponential
@@ -238,7 +238,7 @@ def _softmax_(s: Tensor, lse: Optional[Tensor]) -> Tensor:
     return p.div_(total)
 
 
-def _keeps_probs(T: int, head_dim: int) -> bool:
+def keeps_probs(T: int, head_dim: int) -> bool:
     """Forward keeps the probabilities for backward when a window is no longer than a head is wide (T ≤ d: the
     ``[T, T]`` probabilities of a window and head take no more memory than its queries ``[T, d]``); otherwise it
     keeps the log-sum-exp and backward recomputes them. On a 2-core AMD EPYC (Zen 2) the core of a ``swin_cifar``
@@ -310,7 +310,7 @@ class WindowCore(torch.autograd.Function):
         B, N, C3 = qkv.shape
         nw, T = index.shape
         dtype = _score_dtype(qkv)
-        keep = _keeps_probs(T, C3 // (3 * heads))
+        keep = keeps_probs(T, C3 // (3 * heads))
         stats = torch.empty(B * nw * heads, T, T if keep else 1, dtype=dtype, device=qkv.device)  # probs or lse
         q_k_v = qkv.new_empty(3, B * nw * heads, T, C3 // (3 * heads))  # the windows' heads, kept for backward
         base, slots = _score_base(bias, mask, dtype), _slots(qkv, index, prefix, partition)

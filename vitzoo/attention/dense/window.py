@@ -34,7 +34,7 @@ from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check
 from vitzoo.attention.functional import dense_attention, sdpa
 from vitzoo.costs import Saved, itemsize
 from vitzoo.ops import dispatch
-from vitzoo.ops.window import _keeps_probs, window_core
+from vitzoo.ops.window import keeps_probs, window_core
 
 
 @dataclass
@@ -252,7 +252,7 @@ class WindowAttention(QKVAttention):
         check(path == "cpu_core", f"attention=window: memory() covers the CPU core only, not the SDPA form that "
                                   f"model.attn_drop_rate={self.attn_drop.p} takes")
         masked = self.shift_size(grid) > 0 or padded_grid(grid, self.window_size) != tuple(grid)
-        stats = ("probabilities", t) if _keeps_probs(t, self.head_dim) else ("row log-sum-exp", 1)
+        stats = ("probabilities", t) if keeps_probs(t, self.head_dim) else ("row log-sum-exp", 1)
         items = [
             Saved("windows' q|k|v heads", 3 * batch * nw * h * t * self.head_dim, size),  # [3, B·nW·h, T, d]
             Saved("score base (bias + mask)", (nw if masked else 1) * h * t * t, 4),  # [nW or 1, h, T, T] fp32
