@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive
+from vitzoo.costs import Saved, itemsize
 
 EPS = 1e-15  # added to the normaliser (the paper's code), exact in float32
 PROJ_NORMS = ("batch", "none")  # values of attention.proj_norm
@@ -131,6 +132,29 @@ class ReLULinearAttention(TokenMixer):
         B, _, N, _ = o.shape
         o = o.transpose(1, 2).reshape(B, N, -1)  # [B, N, (1+S)C]
         return self.project(o)
+
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+        (H, W), n, C, d = grid or self.grid, self.seq_len(grid), self.dim, self.head_dim
+        S, size = len(self.cfg.scales), itemsize(amp)
+        heads = batch * (1 + S) * self.num_heads  # B·(1 + S)h (image, head) pairs
+        wide = batch * n * (1 + S) * C  # one [B, (1 + S)h, N, d] tensor
+        # autocast is off up to the output projection: q/k/v, the aggregation and the core keep float32
+        items = [Saved("qkv input", batch * n * C, 4)]
+        if S:  # the depthwise convolutions read the grid maps as views of q|k|v [B, N, 3C]
+            items.append(Saved("q|k|v (projection output)", batch * n * 3 * C, 4))
+        items += [Saved(f"depthwise {s}×{s} output", batch * 3 * C * H * W, 4) for s in self.cfg.scales]
+        items += [Saved("ReLU(Q)", wide, 4), Saved("ReLU(K)", wide, 4), Saved("V (heads concatenated)", wide, 4),
+                  Saved("ReLU(K)ᵀV", heads * d * d, 4),  # [B, h', d, d]
+                  Saved("Σ_n ReLU(k_n)", heads * d, 4),  # [B, h', d]
+                  Saved("numerator ReLU(Q)(ReLU(K)ᵀV)", wide, 4),
+                  Saved("normaliser + EPS", heads * n, 4),  # [B, h', N, 1]
+                  Saved("proj input", wide, size)]  # [B, N, (1 + S)C]
+        if amp is not None:
+            items.append(Saved("proj weight (autocast copy)", (1 + S) * C * C, size))
+        if self.norm is not None:  # BatchNorm keeps its input [B·N, C] and the batch mean and inverse std [C] in fp32
+            items += [Saved("BatchNorm input", batch * n * C, size), Saved("BatchNorm mean", C, 4),
+                      Saved("BatchNorm inverse std", C, 4)]
+        return items
 
     def reference(self, x: Tensor, grid: Grid) -> Tensor:
         """Explicit kernel sums over an N×N matrix of ``ReLU(q_i)·ReLU(k_j)``; the aggregation as shifted sums."""
