@@ -10,6 +10,12 @@ Examples (from the repository root):
     # a few backends, ImageNet-size models, on GPU with bf16 autocast and torch.compile
     python scripts/benchmark.py --mode models --attention global,window,performer \
         --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
+    # docs/results.md's memory table: predicted versus measured training peak, no timing; one run per precision
+    # (the two can run side by side, one thread each: a peak is its own process's)
+    python scripts/benchmark.py --mode models --memory-only --model-tokens 64,1024,4096 --batch 16,4,1 \
+        --batch-per-size --threads 1 --amp none --out results/benchmark/memory/fp32
+    python scripts/benchmark.py --mode models --memory-only --model-tokens 64,1024,4096 --batch 16,4,1 \
+        --batch-per-size --threads 1 --amp bf16 --out results/benchmark/memory/bf16
     # README's backend guide (scripts/backend_guide.py): vit_cifar at 1,024 and 4,096 grid tokens, one batch each
     python scripts/benchmark.py --mode models --models vit_cifar --img-size 128,256 --batch 4,1 --batch-per-size \
         --amp bf16 --no-references --out results/benchmark/whole_model
@@ -44,6 +50,9 @@ def parse_args(argv=None) -> BenchOptions:
     p.add_argument("--models", type=_list(str), default=d.models, help="comma-separated model variants")
     p.add_argument("--img-size", dest="img_sizes", type=_list(int), default=d.img_sizes,
                    help="comma-separated input sides (default: each model's own)")
+    p.add_argument("--model-tokens", type=_list(int), default=d.model_tokens,
+                   help="models mode: comma-separated grid token counts (squares) instead of --img-size: each model "
+                        "at sqrt(N) x its patch size")
     p.add_argument("--token-reduction", default=d.token_reduction,
                    help="models mode: model.token_reduction of every model (tome, evit, tokenlearner)")
     p.add_argument("--model-options", type=json.loads, default={},
@@ -60,6 +69,9 @@ def parse_args(argv=None) -> BenchOptions:
                    help="layer mode: natural window side for backends whose window option is null")
     p.add_argument("--no-references", dest="references", action="store_false",
                    help="skip timm / performer-pytorch / linformer / natten comparisons")
+    p.add_argument("--memory-only", action="store_true",
+                   help="models mode: the training peak of two untimed steps and its prediction only (no timing, "
+                        "FLOPs or references; seconds per configuration)")
     p.add_argument("--pair-global-tokens", type=int, default=d.pair_global_tokens,
                    help="layer mode: up to this token count time each layer alternating with global in one process")
     p.add_argument("--warmup", type=int, default=d.warmup, help="untimed calls before timing (at least 1)")

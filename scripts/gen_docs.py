@@ -12,6 +12,8 @@ Sources, one generator each:
 * the CIFAR-10 records: the ablation (``scripts/ablation.py``), the short-recipe and fast-recipe rankings
   (``scripts/compare.py``) and the convergence curve (``scripts/convergence.py``);
 * the whole-model benchmark: README's backend guide (``scripts/backend_guide.py``).
+* the ``--memory-only`` benchmark runs under ``results/benchmark/memory/``: docs/results.md's memory table
+  (:mod:`vitzoo.bench.peak_table`).
 
 A generator whose data is not committed yet is skipped with one line. ``--check`` also fails when a figure of
 README's "Results at a glance" (a number with a unit) is in no generated block.
@@ -28,7 +30,7 @@ from types import ModuleType
 from typing import Callable, Optional, Sequence
 
 from vitzoo.attention import catalog, list_attention
-from vitzoo.bench import results_tables
+from vitzoo.bench import peak_table, results_tables
 from vitzoo.bench.docs_block import read_docs, with_block
 from vitzoo.fileio import atomic_write_text, splice_block
 from vitzoo.flops.sweeps import formula_table
@@ -87,6 +89,8 @@ def record_blocks() -> list[tuple[str, str, str, Optional[Callable[[], str]]]]:
     convergence = script("convergence")
     blocks.append((RESULTS, convergence.BLOCK, LONG_RUN, (lambda: convergence.docs_text(
         Path(LONG_RUN), Path(TEN), Path(RESULTS))) if Path(LONG_RUN).is_file() else None))
+    blocks.append((RESULTS, peak_table.BLOCK, str(peak_table.FOLDER), (lambda: peak_table.block_text(
+        Path("."), list_attention())) if peak_table.runs(Path(".")) else None))
     guide = script("backend_guide")
     bench = guide.BENCH / "models.csv"
     blocks.append((README, guide.BLOCK, str(bench), (lambda: guide.guide_text(root=Path.cwd()))

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vitzoo.attention import MixerContext, before_train_step, build_attention, list_attention
+from vitzoo.bench.memory_rows import add_prediction, memory_phase
 from vitzoo.bench.references import LAYER_REFERENCES, ReferenceUnavailable, layer_reference, timm_reference
 from vitzoo.flops import count_flops
 from vitzoo.measure.memory import PeakMemory, _malloc_live, is_oom
@@ -153,6 +154,7 @@ def _train_phase(row: Row, setup: _Setup, steps: _ModelSteps, batch: int) -> Non
     steps.train_mode()
     t = _timed_phase(row, setup, steps.train_step, batch, "train")
     row["repeats"], row["iters"] = len(t.seconds), t.iters
+    add_prediction(row, steps, setup, batch)  # the predicted peak of these steps (data-dependent sizes as seen)
 
 
 def _latency_phase(row: Row, setup: _Setup, steps: _ModelSteps, batch: int) -> None:
@@ -162,6 +164,7 @@ def _latency_phase(row: Row, setup: _Setup, steps: _ModelSteps, batch: int) -> N
 
 
 MODEL_PHASES = (("inference", _infer_phase), ("training", _train_phase), ("batch-1 latency", _latency_phase))
+MEMORY_PHASES = (("training", memory_phase),)  # memory-only rows: the training peak, untimed
 
 
 def model_job(job: Mapping[str, Any]) -> Row:
@@ -183,13 +186,14 @@ def model_job(job: Mapping[str, Any]) -> Row:
         row["tokens"] = (job["img_size"] // model.cfg.patch_size) ** 2 + getattr(model, "num_prefix", 0)
         row["params_m"] = _params(model) / 1e6
         steps = _ModelSteps(setup, model, job["batch"], job["img_size"], model.cfg)
-        for what, measure in MODEL_PHASES:
+        for what, measure in MEMORY_PHASES if job.get("memory_only") else MODEL_PHASES:
             measure(row, setup, steps, job["batch"])
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return _error_row(row, exc, what)
     try:
-        report = count_flops(model, job["img_size"])
-        row["gmacs"], row["gmacs_analytic"] = report.measured / 1e9, report.analytic / 1e9
+        if not job.get("memory_only"):  # memory-only rows take seconds: no FLOPs count
+            report = count_flops(model, job["img_size"])
+            row["gmacs"], row["gmacs_analytic"] = report.measured / 1e9, report.analytic / 1e9
     except Exception as exc:  # noqa: BLE001
         row["note"] = f"fvcore failed: {type(exc).__name__}: {exc}"
     row["status"] = "ok"

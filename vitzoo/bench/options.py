@@ -25,6 +25,8 @@ class BenchOptions:
         attention: backends to run (``None``: every registered backend).
         models: model variants (``vitzoo.list_models()``).
         img_sizes: input sides; empty = each model's own ``img_size``.
+        model_tokens: models mode: grid token counts (squares) instead of ``img_sizes``: each model runs at the side
+            ``sqrt(N) × its patch size`` (64 tokens: vit_cifar at 32 px, swin_cifar at 16 px).
         token_reduction: models mode: ``model.token_reduction`` of every model (``"tome"``, ``"evit"``,
             ``"tokenlearner"`` at their defaults; ``None``: none); rows name the model ``<variant>+<reducer>``
             like the training records, and the timm references are skipped.
@@ -39,6 +41,8 @@ class BenchOptions:
             channels, heads, batch, prefix tokens and natural window side (backends whose window
             option is null use it).
         references: also time the reference implementations (when installed).
+        memory_only: models mode: measure each configuration's training peak only (two untimed steps) beside its
+            predicted peak (:mod:`vitzoo.bench.memory_rows`): no timing, no FLOPs count, no references.
         pair_global_tokens: up to this token count each layer is timed in alternating blocks (ABBA)
             with ``global`` in the same process, so its speedup over ``global`` is a ratio measured in one
             process; above it (``global`` is quadratic: ~16 s per call at 16,384 tokens on 2 CPU cores)
@@ -62,6 +66,7 @@ class BenchOptions:
     attention: Optional[list[str]] = None
     models: list[str] = field(default_factory=lambda: ["vit_cifar", "swin_cifar"])
     img_sizes: list[int] = field(default_factory=list)
+    model_tokens: list[int] = field(default_factory=list)
     token_reduction: Optional[str] = None
     model_options: dict = field(default_factory=dict)
     batches: list[int] = field(default_factory=lambda: [64])
@@ -73,6 +78,7 @@ class BenchOptions:
     layer_prefix: int = 0
     layer_window: int = 8
     references: bool = True
+    memory_only: bool = False
     pair_global_tokens: int = 4096
     warmup: int = 3
     repeats: int = 5
@@ -95,6 +101,11 @@ class BenchOptions:
             raise ConfigError(f"--amp must be none or bf16 (got {self.amp!r})")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda (got {self.device!r})")
+        for n in self.model_tokens:
+            if math.isqrt(n) ** 2 != n:
+                raise ConfigError(f"--model-tokens {n} is not a square: a model's first-stage grid is s x s")
+        if self.model_tokens and self.img_sizes:
+            raise ConfigError("--model-tokens sets each model's input side: give it or --img-size, not both")
         for n in self.tokens:
             if math.isqrt(n) ** 2 != n:
                 raise ConfigError(f"--tokens {n} is not a square: the layer runs on an s x s token grid")
@@ -103,9 +114,12 @@ class BenchOptions:
                               f"(got {self.token_reduction!r})")
         for model in self.models if self.model_options else ():  # every option checked before any job starts
             MODELS.config({"name": model, **self.model_options})
-        if self.batch_per_size and len(self.batches) != len(self.img_sizes):
-            raise ConfigError(f"--batch-per-size needs one --batch per --img-size (got {len(self.batches)} batches "
-                              f"for {len(self.img_sizes)} sides)")
+        sides = self.model_tokens or self.img_sizes
+        if self.batch_per_size and len(self.batches) != len(sides):
+            raise ConfigError(f"--batch-per-size needs one --batch per --img-size or --model-tokens (got "
+                              f"{len(self.batches)} batches for {len(sides)} sizes)")
+        if self.memory_only and self.mode != "models":
+            raise ConfigError(f"--memory-only measures model rows: it needs --mode models (got {self.mode!r})")
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1 (got {self.repeats})")
 

@@ -13,6 +13,7 @@ import matplotlib
 from matplotlib.figure import Figure  # the object API: no pyplot, no global backend, no open figures
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
+from vitzoo.bench.memory_rows import PREDICTION_COLUMNS
 from vitzoo.fileio import atomic_write_bytes, atomic_write_text
 
 MODEL_COLUMNS = [
@@ -36,6 +37,7 @@ MODEL_COLUMNS = [
     "latency_ms_min",
     "latency_ms_max",
     "train_peak_mb",
+    *PREDICTION_COLUMNS,  # the predicted training peak, term by term (vitzoo.bench.memory_rows)
     "infer_peak_mb",
     "params_m",
     "gmacs",
@@ -208,6 +210,7 @@ def _model_md(rows: Rows) -> str:
         "infer_mfu",
         "latency",
         "train_peak_mb",
+        "predicted_peak_mb",
         "infer_peak_mb",
         "params_m",
         "gmacs",
@@ -222,6 +225,7 @@ def _model_md(rows: Rows) -> str:
             "infer": "infer img/s (min–max)",
             "latency": "batch-1 ms (min–max)",
             "train_peak_mb": "train peak MB",
+            "predicted_peak_mb": "predicted MB",
             "train_mfu": "train MFU",
             "infer_mfu": "infer MFU",
             "infer_peak_mb": "infer peak MB",

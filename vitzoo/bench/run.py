@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -16,6 +17,7 @@ from vitzoo.bench.worker import run_job
 from vitzoo.configs import attention_options
 from vitzoo.flops.mfu import matmul_peak, mfu, precision_dtype
 from vitzoo.measure.environment import environment, load_average, mem_available_gb
+from vitzoo.models import model_config
 from vitzoo.training.run_log import open_log
 
 Row = dict[str, Any]
@@ -56,13 +58,14 @@ def _runner(opts: BenchOptions, common: Mapping[str, Any], stream: Path) -> Run:
 
 
 def model_cases(opts: BenchOptions, model: str) -> list[tuple[int, int]]:
-    """The (input side, batch) pairs a model runs at: every side at every batch, or with ``batch_per_size`` the
-    i-th side at the i-th batch.
+    """The (input side, batch) pairs a model runs at: every side (of ``img_sizes``, or ``model_tokens`` grids at the
+    model's patch size) at every batch, or with ``batch_per_size`` the i-th side at the i-th batch.
 
     Args:
         opts: the run's options; model: the model variant (its own side when ``img_sizes`` is empty).
     """
-    sides = opts.img_sizes or [model_img_size(model)]
+    sides = ([math.isqrt(n) * model_config(model).patch_size for n in opts.model_tokens]  # an s x s grid
+             or opts.img_sizes or [model_img_size(model)])
     if opts.batch_per_size:
         return list(zip(sides, opts.batches))
     return [(img, batch) for img in sides for batch in opts.batches]
@@ -78,10 +81,10 @@ def _run_models(opts: BenchOptions, backends: list[str], run: Run, log: Callable
             for backend in backends:
                 row = run(dict(kind="model", backend=backend, spec=attention_options(backend), model=model,
                                img_size=img, batch=batch, token_reduction=opts.token_reduction,
-                               model_options=opts.model_options))
+                               model_options=opts.model_options, memory_only=opts.memory_only))
                 models.append(row)
                 log(f"  model {row['model']:11s} {img}px b{batch} {backend:14s} {_brief_model(row)}")
-            if opts.references and ref_backend in backends and opts.token_reduction is None \
+            if opts.references and not opts.memory_only and ref_backend in backends and opts.token_reduction is None \
                     and not opts.model_options:
                 row = run(dict(kind="model_ref", backend=ref_backend, spec=attention_options(ref_backend),
                                model=model, img_size=img, batch=batch, reference=ref_name))
@@ -171,8 +174,8 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log,
         env["command"] = command
     # the dense matmul peak for MFU, measured afresh (the benchmark runs on a quiet machine)
     # and cached for training runs
-    peak = matmul_peak(device, precision_dtype(opts.amp), refresh=True)
-    env["matmul_peak_gmacs_s"] = peak / 1e9
+    peak = None if opts.memory_only else matmul_peak(device, precision_dtype(opts.amp), refresh=True)
+    env["matmul_peak_gmacs_s"] = peak / 1e9 if peak else None
     log(
         f"vitzoo benchmark -> {out}\n  device {device} ({env.get('gpu', env['cpu_model'])}), threads "
         f"{env['torch_threads']}, load {env['load_average']}, backends: {', '.join(backends)}"
@@ -198,6 +201,8 @@ def run_benchmark(opts: BenchOptions, log: Callable[[str], None] = _log,
 def _brief_model(row: Mapping[str, Any]) -> str:
     if row.get("status") != "ok":
         return row.get("status", "?")
+    if row.get("train_img_s") is None:  # a memory-only row
+        return f"peak {row['train_peak_mb']:.0f} MB, predicted {row.get('predicted_peak_mb') or 0:.0f} MB"
     return (
         f"train {row['train_img_s']:.1f} img/s, infer {row['infer_img_s']:.1f} img/s, "
         f"b1 {row['latency_ms']:.2f} ms, peak {row['train_peak_mb']:.0f} MB"

@@ -1,0 +1,121 @@
+"""The predicted peak of a benchmark model row, term by term, beside its measured live peak.
+
+The benchmark's training peak (``train_peak_mb``) is the live peak of two AdamW steps on one random batch,
+over the resident size before the model was built (:class:`vitzoo.measure.memory.PeakMemory`). The
+prediction adds up what that process holds at the peak, each term a CSV column in MiB::
+
+    predicted_params_mb      parameters (fp32)
+    predicted_grads_mb       one gradient per trainable parameter
+    predicted_optimizer_mb   the AdamW state after the steps (two moments and a step count per parameter)
+    predicted_input_mb       the random batch, its labels and the batch-1 copy the benchmark keeps
+    predicted_activation_mb  model.memory(batch, amp, grid): the tensors the forward keeps for backward
+    predicted_transient_mb   the gradient of the largest saved tensor, made by its op's backward while the
+                             tensor is still held
+    predicted_peak_mb        their sum; peak_ratio = train_peak_mb / predicted_peak_mb
+
+``predicted_top_saved`` names the two largest saved tensors of :meth:`memory`, summed over the blocks
+(``"mlp: GELU input"`` is every block's GELU input). The allocator's own overhead, the thread pools'
+buffers and the small tensors of the optimizer's per-parameter loop are not in the prediction: the ratio
+shows them.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitzoo.costs import Saved
+from vitzoo.measure.predicted import MIB, optimizer_state_bytes, parameter_bytes
+
+PREDICTION_COLUMNS = ["predicted_peak_mb", "peak_ratio", "predicted_activation_bytes", "predicted_activation_mb",
+                      "predicted_params_mb", "predicted_grads_mb", "predicted_optimizer_mb", "predicted_input_mb",
+                      "predicted_transient_mb", "predicted_top_saved"]
+_BLOCK_PREFIX = re.compile(r"^(stages\.\d+\.)?(blocks\.\d+)?[.:]?\s*")  # "stages.0.blocks.1.attn: x" -> "attn: x"
+
+
+def saved_groups(items: Sequence[Saved]) -> list[tuple[str, int]]:
+    """The saved tensors' bytes summed by name over the blocks (and Swin's stages), largest first.
+
+    Args:
+        items: the entries of a model's ``memory()``.
+    """
+    groups: dict[str, int] = {}
+    for item in items:
+        name = _BLOCK_PREFIX.sub("", item.name) or item.name
+        groups[name] = groups.get(name, 0) + item.nbytes
+    return sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def top_saved(items: Sequence[Saved], count: int = 2) -> str:
+    """The ``count`` largest groups of :func:`saved_groups` as ``"name MB; name MB"``.
+
+    Args:
+        items: the entries of a model's ``memory()``; count: how many groups to name.
+    """
+    return "; ".join(f"{name} {nbytes / MIB:.1f} MB" for name, nbytes in saved_groups(items)[:count])
+
+
+def _tensor_bytes(tensors: Sequence[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def predicted_row(model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tensor], batch: int,
+                  amp: bool) -> dict[str, Any]:
+    """The prediction columns (:data:`PREDICTION_COLUMNS` but ``peak_ratio``) of one model row.
+
+    Args:
+        model: the benchmarked model (ViT or Swin with ``memory()``).
+        optimizer: its AdamW after the measured steps (its state is counted as it is).
+        inputs: the tensors the benchmark keeps beside the model (batch, labels, batch-1 copy).
+        batch: images per step; amp: bf16 autocast or not (the grid is the one the model is built at).
+
+    Returns:
+        The columns, or ``{"predicted_note": why}`` where the model has no memory formula for a part.
+    """
+    try:
+        items = model.memory(batch, torch.bfloat16 if amp else None)
+    except NotImplementedError as exc:
+        return {"predicted_note": f"no memory(): {str(exc).splitlines()[0] if str(exc) else 'not implemented'}"}
+    activations = sum(item.nbytes for item in items)
+    terms = {
+        "predicted_params_mb": parameter_bytes(model) / MIB,
+        "predicted_grads_mb": parameter_bytes(model, trainable=True) / MIB,
+        "predicted_optimizer_mb": optimizer_state_bytes(optimizer) / MIB,
+        "predicted_input_mb": _tensor_bytes(inputs) / MIB,
+        "predicted_activation_mb": activations / MIB,
+        "predicted_transient_mb": max((item.nbytes for item in items), default=0) / MIB,
+    }
+    return {"predicted_peak_mb": sum(terms.values()), "predicted_activation_bytes": activations, **terms,
+            "predicted_top_saved": top_saved(items)}
+
+
+def memory_phase(row: dict[str, Any], setup: Any, steps: Any, batch: int) -> None:
+    """The training phase without timing: the live peak of two training steps (``train_peak_mb``).
+
+    Args:
+        row: the model row, updated; setup: the worker's ``_Setup``; steps: the model's ``_ModelSteps``;
+        batch: images per step.
+    """
+    steps.train_mode()
+    setup.memory.start()
+    for _ in range(2):
+        steps.train_step()
+    row["train_peak_mb"] = setup.memory.peak_mb()
+    add_prediction(row, steps, setup, batch)
+
+
+def add_prediction(row: dict[str, Any], steps: Any, setup: Any, batch: int) -> None:
+    """Add the prediction for the row's training step and ``peak_ratio`` (measured / predicted), in place.
+
+    Args:
+        row: the model row (``train_peak_mb`` measured); steps: the model's ``_ModelSteps`` (model,
+            optimizer and inputs) after the training steps; setup: the worker's ``_Setup``; batch: images per step.
+    """
+    if steps.opt is None:
+        return
+    row.update(predicted_row(steps.model, steps.opt, (steps.x, steps.y, steps.x1), batch, setup.amp))
+    if row.get("predicted_peak_mb") and row.get("train_peak_mb") is not None:
+        row["peak_ratio"] = row["train_peak_mb"] / row["predicted_peak_mb"]
