@@ -41,7 +41,8 @@ from torch import Tensor, nn
 
 from vitzoo.attention import ATTENTION, attention_class, attention_config
 from vitzoo.attention.base import Grid, check
-from vitzoo.costs import layernorm_flops
+from vitzoo.costs import Saved, layernorm_flops
+from vitzoo.layers.reduction_memory import reducer_memory
 from vitzoo.layers.reduction_options import EViTConfig, TokenLearnerConfig, ToMeConfig, check_no_growth
 from vitzoo.registry import Registry
 
@@ -147,6 +148,12 @@ class TokenReducer(nn.Module):
         """MACs of the ops the reducer runs itself (not those of the block's modules it calls)."""
         raise NotImplementedError  # pragma: no cover
 
+    def memory(self, size: Any, batch: int = 1, amp: Optional[torch.dtype] = None, stream: int = 4,
+               **observed: Any) -> list[Saved]:
+        """What the reducer's own ops keep for backward in a training forward (not the block's modules it calls):
+        :func:`vitzoo.layers.reduction_memory.reducer_memory` (``size``: ``(grid, n)`` as in :meth:`parts`, or n)."""
+        return reducer_memory(self, size, batch, amp, stream, **observed)
+
     def block_flops(self, block: nn.Module, grid: Grid, n: int) -> int:
         """MACs of the block on ``n`` tokens (at ``grid`` while no token has been reduced): its parts' sum."""
         return sum(_part_flops(module, size) for _, module, size in self.parts(block, grid, n))
@@ -232,23 +239,25 @@ class ToMe(TokenReducer):
 
     def merge(self, x: Tensor, size: Tensor, metric: Tensor, r: int) -> tuple[Tensor, Tensor]:
         """Merge the r best A→B edges: sizes add, features are size-weighted means."""
-        metric = metric / metric.norm(dim=-1, keepdim=True)
-        a, b = metric[:, ::2], metric[:, 1::2]  # A: even positions (the class token is 0), B: odd
-        scores = a @ b.transpose(-2, -1)  # [B, Na, Nb]: Na·Nb·c
-        if self.num_prefix:
-            scores = torch.cat([torch.full_like(scores[:, :1], -math.inf), scores[:, 1:]], dim=1)  # never merge it
-        best, dst_of = scores.max(dim=-1)  # [B, Na]
-        order = best.argsort(dim=-1, descending=True)
-        src, keep = order[:, :r], order[:, r:].sort(dim=-1).values  # kept A tokens in their order (class token first)
-        dst = dst_of.gather(1, src)  # [B, r]
+        with torch.no_grad():  # the matching is a decision: autograd keeps nothing of it
+            metric = metric / metric.norm(dim=-1, keepdim=True)
+            a, b = metric[:, ::2], metric[:, 1::2]  # A: even positions (the class token is 0), B: odd
+            scores = a @ b.transpose(-2, -1)  # [B, Na, Nb]: Na·Nb·c
+            if self.num_prefix:
+                scores = torch.cat([torch.full_like(scores[:, :1], -math.inf), scores[:, 1:]], dim=1)  # never merge it
+            best, dst_of = scores.max(dim=-1)  # [B, Na]
+            order = best.argsort(dim=-1, descending=True)
+            src, keep = order[:, :r], order[:, r:].sort(dim=-1).values  # kept A tokens in order (class token first)
+            dst = dst_of.gather(1, src)  # [B, r]
         xs = torch.cat([x * size, size], dim=-1)  # [B, N, C + 1]: weighted features and sizes merge together
         xa, xb = xs[:, ::2], xs[:, 1::2]
         c = xs.shape[-1]
         moved = xa.gather(1, src[..., None].expand(-1, -1, c))  # [B, r, C + 1]
         xb = xb.scatter_add(1, dst[..., None].expand(-1, -1, c), moved)
         xs = torch.cat([xa.gather(1, keep[..., None].expand(-1, -1, c)), xb], dim=1)  # [B, N − r, C + 1]
-        size = xs[..., -1:]
-        return xs[..., :-1] / size, size
+        # sizes are counts without gradient, in a storage of their own: the next merge keeps them, not all of xs
+        size = xs[..., -1:].detach().contiguous()  # [B, N − r, 1]
+        return xs[..., :-1] * size.reciprocal(), size
 
     def parts(self, block, grid, n):
         return [*_head_parts(block, grid, n, self.use_keys), ("reducer", self, (grid, n)),
@@ -305,10 +314,11 @@ class EViT(TokenReducer):
     def forward(self, block, x, grid, size):
         out, q, k = block.attn.forward_with_keys(block.norm1(x), grid)
         x = x + block.drop_path(out)
-        cls_attn = ((q[:, :, :1] @ k.transpose(-2, -1)) * block.attn.scale).softmax(dim=-1)  # [B, h, 1, N]: N·d
-        score = cls_attn.mean(dim=1)[:, 0, 1:]  # [B, N − 1]
         n, keep = x.shape[1], self.kept(x.shape[1], self.rate)
-        order = score.argsort(dim=-1, descending=True)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and keep < n - 1):  # its gradient: the fused token's
+            cls_attn = ((q[:, :, :1] @ k.transpose(-2, -1)) * block.attn.scale).softmax(dim=-1)  # [B, h, 1, N]: N·d
+        score = cls_attn.mean(dim=1)[:, 0, 1:]  # [B, N − 1]
+        order = score.detach().argsort(dim=-1, descending=True)  # a decision: autograd keeps nothing of it
         top, rest = order[:, :keep], order[:, keep:]
         tokens = x[:, 1:]
         c = x.shape[-1]
