@@ -41,10 +41,8 @@ A backend's family is the subpackage its module lives in (:func:`vitzoo.attentio
 """
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -85,21 +83,6 @@ class MixerContext:
     layer_index: int = 0
     window: int = 7
     shifted: bool = False
-
-
-def ignores_input_dtype(memory: Callable[..., list[Saved]]) -> Callable[..., list[Saved]]:
-    """A backend's ``memory(grid, batch, amp, ...)`` that also takes ``input_dtype`` and ignores it: the backend's
-    saved set is the same for an fp32 input and for one in the autocast dtype (tests/attention/test_memory.py
-    checks both against the counter).
-
-    Args:
-        memory: the backend's own ``memory`` function, without an ``input_dtype`` parameter.
-    """
-    @functools.wraps(memory)
-    def accepting(self: "TokenMixer", grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
-                  *args: Any, input_dtype: Optional[torch.dtype] = None, **kwargs: Any) -> list[Saved]:
-        return memory(self, grid, batch, amp, *args, **kwargs)
-    return accepting
 
 
 def check(condition: bool, message: str) -> None:
@@ -147,14 +130,6 @@ class TokenMixer(nn.Module):
     exposes_attention: ClassVar[bool] = False  # forward_with_keys: q, k and an additive key bias (token reducers)
     flop_handles: ClassVar[dict] = {}  # extra fvcore op handles this backend needs, e.g. {"aten::fft_fft2": fn}
     registry_name: ClassVar[str]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass's own ``memory`` without an ``input_dtype`` parameter takes it and ignores it
-        (:func:`ignores_input_dtype`), so every mixer answers the one signature."""
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("memory")
-        if own is not None and "input_dtype" not in inspect.signature(own).parameters:
-            cls.memory = ignores_input_dtype(own)
 
     def __init__(self, cfg: Any, ctx: MixerContext):
         super().__init__()

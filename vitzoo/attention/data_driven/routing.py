@@ -357,10 +357,11 @@ class RoutingAttention(BucketAttention):
         return routing_memory(self, grid, batch, amp, self.span(grid) if span is None else span)
 
     def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
-               span: Optional[int] = None) -> list[Saved]:
+               input_dtype: Optional[torch.dtype] = None, span: Optional[int] = None) -> list[Saved]:
         """:meth:`QKVAttention.memory` with the span S of the routing heads (default: the last forward's)."""
         grid = grid or self.grid
-        return self.projection_memory(self.seq_len(grid), batch, amp) + self.attend_memory(grid, batch, amp, span)
+        return (self.projection_memory(self.seq_len(grid), batch, amp, input_dtype)
+                + self.attend_memory(grid, batch, amp, span))
 
     def attend_flops(self, grid: Grid) -> int:
         m, d, h, K, P = grid[0] * grid[1], self.head_dim, self.num_heads, self.num_clusters, self.num_prefix

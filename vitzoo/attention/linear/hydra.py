@@ -71,7 +71,8 @@ class HydraAttention(TokenMixer):
         # qkv 3NC², Σ_n k⊙v N·C, proj NC²
         return 4 * n * c * c + n * c
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         n, C, size = self.seq_len(grid), self.dim, itemsize(amp)
         tokens = batch * n * C  # one [B, N, C] tensor
         items = [Saved("qkv input", tokens, size), Saved("proj input q̂ ⊙ kv", tokens, size)]

@@ -133,7 +133,8 @@ class ReLULinearAttention(TokenMixer):
         o = o.transpose(1, 2).reshape(B, N, -1)  # [B, N, (1+S)C]
         return self.project(o)
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         (H, W), n, C, d = grid or self.grid, self.seq_len(grid), self.dim, self.head_dim
         S, size = len(self.cfg.scales), itemsize(amp)
         heads = batch * (1 + S) * self.num_heads  # B·(1 + S)h (image, head) pairs

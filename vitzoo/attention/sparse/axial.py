@@ -148,7 +148,8 @@ class AxialAttention(QKVAttention):
 
     # ------------------------------------------------------------------------------------ memory
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         grid = grid or self.grid
         items = self.projection_memory(self.seq_len(grid), batch, amp)
         if not self.separate:

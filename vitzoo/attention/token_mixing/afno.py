@@ -166,7 +166,8 @@ class AdaptiveFourierMixer(TokenMixer):
         # rfft2 + irfft2 per channel (real transforms); two layers of 4 real products F·k·b·bf each
         return 2 * self.dim * fft_flops(h * w, real=True) + 8 * freqs * self.blocks * self.block * hid
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """What a training forward keeps: the forward FFT's input (float32), each layer's two matrix-product operands
         (the interleaved frequencies and the real form of the complex weight; autocast copies under ``amp``),
         the ReLU's output and the shrinkage's input (float32: the float32 bias add follows each product).

@@ -72,7 +72,8 @@ class FNetMixing(TokenMixer):
         # one 2-D transform of a real input over N·C points per image
         return fft_flops(self.seq_len(grid) * self.dim, real=True)
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """Nothing: the FFT, the real part (a view) and the dtype casts keep no tensor for backward.
         Args as :meth:`TokenMixer.memory`."""
         return []

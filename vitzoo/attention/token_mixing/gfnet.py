@@ -147,7 +147,8 @@ class GlobalFilter(TokenMixer):
         # rfft2 and irfft2, one per channel; the filter: 4 real multiply-adds per complex product at F·C points
         return 2 * self.dim * fft_flops(h * w, real=True) + 4 * h * (w // 2 + 1) * self.dim
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """What a training forward keeps, the same in fp32 and under ``amp`` (the FFTs run in float32): the forward
         transform's input, the spectrum the filter product reads and, at another grid, the resampled filter.
         Args as :meth:`TokenMixer.memory`."""

@@ -100,7 +100,8 @@ class SpatialGatingUnit(TokenAxisMixin, TokenMixer):
         total += self.token_param_flops(n0, grid)
         return total
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """What a training forward keeps: the projections' inputs, the GELU's input and output (both halves), the
         norm's statistics, the token-axis linear's input and output (the gate), and the weights' autocast copies
         under ``amp`` (``W`` resampled at another grid). Args as :meth:`TokenMixer.memory`."""

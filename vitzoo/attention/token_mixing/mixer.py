@@ -84,7 +84,8 @@ class MLPMixerTokenMixing(TokenAxisMixin, TokenMixer):
         total += self.token_param_flops(self.fc2.bias.numel(), grid)
         return total
 
-    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None) -> list[Saved]:
+    def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
+               input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
         """What a training forward keeps: each token-axis linear's input (tokens along the last axis), the GELU's
         input and the token-axis weights where they are not the parameters themselves (autocast copies under
         ``amp``, resampled at another grid). Args as :meth:`TokenMixer.memory`."""
