@@ -81,11 +81,12 @@ def test_yaml_first_line_without_a_cost_sentence_is_refused():
         "# Global (ViT). Cost 4NC² + 2N²C.\nname: global\n"
 
 
-def test_generated_row_shows_the_class_formula_flags_family_and_options():
+def test_generated_row_shows_the_class_formula_memory_flags_family_and_options():
     table = catalog.backend_table([catalog.backend_entry("linformer"), catalog.backend_entry("multi_pattern")])
     rows = table.splitlines()[2:]
     formula = attention_classes()["linformer"].formula
-    assert rows[0] == (f"| `linformer` | `{formula}` | linear in N | fixed_length | `low_rank/` "
+    memory = catalog.backend_entry("linformer").memory
+    assert rows[0] == (f"| `linformer` | `{formula}` | linear in N | {memory} | fixed_length | `low_rank/` "
                        "| `k`, `sharing`, `interpolate` |")
     # multi_pattern's class says linear_cost, but its default patterns have global heads: the instance decides
     assert rows[1].split(" | ")[2] == "super-linear"
@@ -103,3 +104,12 @@ def test_check_names_the_flops_doc_with_a_value_changed_by_hand_and_writing_rest
     assert f"{flops_doc}: block flops-formulas differs from the registry" in err and "+" + row in err
     assert gen_docs.main([], doc=doc, conf_dir=conf_dir, flops_doc=flops_doc, root=tmp_path) == 0
     assert flops_doc.read_text(encoding="utf-8") == committed
+
+
+def test_memory_cell_sums_the_layers_memory_formula():
+    """The column reads ``memory()`` of a layer at 32x32 tokens, C = 128, 4 heads, one image: global's fp32 figure
+    is the qkv and proj inputs, the q|k|v storage, the output (each N·C or 3N·C floats) and the log-sum-exp."""
+    n, c, h = 1024, 128, 4
+    fp32 = 4 * (n * c + n * c + 3 * n * c + n * c + h * n)
+    assert catalog.backend_entry("global").memory.startswith(f"{fp32 / 2 ** 20:.2f} · ")
+    assert "q\\|k\\|v (projection output)" in catalog.backend_entry("global").memory

@@ -20,8 +20,11 @@ import functools
 import re
 from pathlib import Path
 
+import torch
+
 from vitzoo.attention import ATTENTION, MixerContext, attention_family, build_attention, list_attention
 from vitzoo.configs import CONFIG_DIR, attention_options
+from vitzoo.costs import saved_bytes
 from vitzoo.fileio import atomic_write_text, splice_block
 
 BLOCK = "formulas"
@@ -30,8 +33,9 @@ END = f"<!-- generated:{BLOCK}:end -->"
 FLAGS = ("fixed_length",)  # capability flags the table's "notes" column lists
 GROWTH_GRID = (16, 16)  # grid at which an instance (built with its YAML options) reports ``linear_cost``
 COST = re.compile(r"^(#.*?)Cost .*$")  # the YAML's first line: "# <description>. Cost <formula>."
-HEADER = ("| attention | formula (multiply-adds, one image) | cost grows | notes | subpackage | options |\n"
-          "|---|---|---|---|---|---|")
+MEMORY_GRID, MEMORY_DIM, MEMORY_HEADS, MEMORY_WINDOW = (32, 32), 128, 4, 8  # the memory column's layer
+HEADER = ("| attention | formula (multiply-adds, one image) | cost grows | saved for backward: fp32 · bf16, largest "
+          "| notes | subpackage | options |\n|---|---|---|---|---|---|---|")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +49,7 @@ class BackendEntry:
         flags: the capability flags of :data:`FLAGS` the class sets.
         family: the subpackage of ``vitzoo.attention`` the class lives in.
         options: the config dataclass's fields, in order.
+        memory: what one layer's ``memory()`` keeps for backward (see :func:`memory_text`).
     """
 
     name: str
@@ -53,6 +58,7 @@ class BackendEntry:
     flags: tuple[str, ...]
     family: str
     options: tuple[str, ...]
+    memory: str
 
 
 @functools.lru_cache(maxsize=None)  # the registry does not change within a process
@@ -72,7 +78,23 @@ def backend_entry(name: str) -> BackendEntry:
     return BackendEntry(
         name=name, formula=cls.formula, linear_cost=bool(mixer.linear_cost),
         flags=tuple(f for f in FLAGS if getattr(cls, f)), family=attention_family(name),
-        options=tuple(f.name for f in dataclasses.fields(config_cls) if f.init))
+        options=tuple(f.name for f in dataclasses.fields(config_cls) if f.init), memory=memory_text(name))
+
+
+def memory_text(name: str) -> str:
+    """``"4.19 · 2.10 MiB; q|k|v (projection output), attention output"``: the bytes one layer's ``memory()``
+    lists (1,024 grid tokens, C = 128, 4 heads, no prefix token, one image, in fp32 and under bf16 autocast) and
+    its two largest tensors in fp32.
+
+    Args:
+        name: a registered backend (built with its YAML options; a null window is 8).
+    """
+    ctx = MixerContext(dim=MEMORY_DIM, num_heads=MEMORY_HEADS, grid=MEMORY_GRID, num_prefix=0, window=MEMORY_WINDOW)
+    mixer = build_attention(attention_options(name), ctx)
+    fp32, bf16 = mixer.memory(MEMORY_GRID, 1, None), mixer.memory(MEMORY_GRID, 1, torch.bfloat16)
+    largest = [s.name.replace("|", "\\|") for s in sorted(fp32, key=lambda s: -s.nbytes)[:2]]  # a table cell
+    mib = 2 ** 20
+    return f"{saved_bytes(fp32) / mib:.2f} · {saved_bytes(bf16) / mib:.2f} MiB; {', '.join(largest)}"
 
 
 def backend_table(entries: list[BackendEntry]) -> str:
@@ -85,7 +107,8 @@ def backend_table(entries: list[BackendEntry]) -> str:
     for e in entries:
         growth = "linear in N" if e.linear_cost else "super-linear"
         options = ", ".join(f"`{o}`" for o in e.options) or "(none)"
-        rows.append(f"| `{e.name}` | `{e.formula}` | {growth} | {', '.join(e.flags)} | `{e.family}/` | {options} |")
+        rows.append(f"| `{e.name}` | `{e.formula}` | {growth} | {e.memory} | {', '.join(e.flags)} | `{e.family}/` "
+                    f"| {options} |")
     return "\n".join(rows)
 
 
