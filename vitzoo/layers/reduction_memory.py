@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from vitzoo.costs import Saved, itemsize
+from vitzoo.layers.saved import drop_path_memory, layernorm_memory, mlp_memory, prefixed
 
 
 def incoming_tokens(size: Any) -> int:
@@ -120,3 +121,38 @@ def reducer_memory(reducer: Any, size: Any, batch: int = 1, amp: Optional[torch.
     if formula is None:
         raise NotImplementedError(f"token reduction {reducer.registry_name} has no memory formula")
     return formula(reducer, incoming_tokens(size), batch, amp, stream, **observed)
+
+
+def block_memory(reducer: Any, block: Any, grid: tuple[int, int], n: int, batch: int = 1,
+                 amp: Optional[torch.dtype] = None, stream: int = 4) -> list[Saved]:
+    """A block with its reduction, part by part as :meth:`TokenReducer.parts` lists them, each at its own token
+    count: the norms, the mixer (whole, or its two projections where the reducer runs its attention), the reducer's
+    own :func:`reducer_memory`, the MLP and the drop-path masks. TokenLearner's block runs whole on the learned
+    tokens (:meth:`~vitzoo.layers.block.Block.plain_memory`).
+
+    Args:
+        reducer: the block's reducer; block: the block; grid: token grid; n: incoming tokens; batch: images;
+        amp: autocast dtype or ``None``; stream: bytes per element of the residual stream.
+    """
+    C, size = block.attn.dim, itemsize(amp)
+    # the mixer's output dtype, as in Block.plain_memory: the autocast one, or the input's for FFT mixers
+    mixed = stream if getattr(block.attn, "keeps_input_dtype", False) else size
+    if reducer.registry_name == "tokenlearner":  # the reducer, then the plain block on the P + S learned tokens
+        learned = (1, reducer.reduced(n) - reducer.num_prefix)  # the sequence grid of the learned tokens
+        return (prefixed("reducer", reducer_memory(reducer, (grid, n), batch, amp, stream))
+                + block.plain_memory(learned, batch, amp, stream))
+    items: list[Saved] = []
+    for name, module, part in reducer.parts(block, grid, n):
+        if name in ("norm1", "norm2"):
+            items += prefixed(name, layernorm_memory(batch * part, C, stream))  # [B, N, C] and [B, N, 1] twice
+        elif name == "attn":
+            items += prefixed(name, module.memory(part, batch=batch, amp=amp))
+        elif name == "attn.qkv":  # both projections (attn.proj follows): the attention itself is the reducer's
+            items += prefixed("attn", block.attn.projection_memory(part, batch, amp))
+        elif name == "reducer":
+            items += prefixed(name, reducer_memory(reducer, part, batch, amp, stream))
+            items += drop_path_memory("drop_path (mixer)", block.drop_path, batch, mixed)  # [B, 1, 1]
+        elif name == "mlp":
+            items += prefixed(name, mlp_memory(module, batch * part, amp))
+    return items + drop_path_memory("drop_path (mlp)", block.drop_path, batch, size)  # [B, 1, 1]
+

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from vitzoo.attention import ATTENTION, attention_class, attention_config
 from vitzoo.attention.base import Grid, check
 from vitzoo.costs import Saved, layernorm_flops
-from vitzoo.layers.reduction_memory import reducer_memory
+from vitzoo.layers.reduction_memory import block_memory, reducer_memory
 from vitzoo.layers.reduction_options import EViTConfig, TokenLearnerConfig, ToMeConfig, check_no_growth
 from vitzoo.registry import Registry
 
@@ -153,6 +153,11 @@ class TokenReducer(nn.Module):
         """What the reducer's own ops keep for backward in a training forward (not the block's modules it calls):
         :func:`vitzoo.layers.reduction_memory.reducer_memory` (``size``: ``(grid, n)`` as in :meth:`parts`, or n)."""
         return reducer_memory(self, size, batch, amp, stream, **observed)
+
+    def block_memory(self, block: nn.Module, grid: Grid, n: int, batch: int = 1, amp: Optional[torch.dtype] = None,
+                     stream: int = 4) -> list[Saved]:
+        """The block with this reduction: :func:`vitzoo.layers.reduction_memory.block_memory` (same arguments)."""
+        return block_memory(self, block, grid, n, batch, amp, stream)
 
     def block_flops(self, block: nn.Module, grid: Grid, n: int) -> int:
         """MACs of the block on ``n`` tokens (at ``grid`` while no token has been reduced): its parts' sum."""
