@@ -88,7 +88,7 @@ def test_generated_row_shows_the_class_formula_memory_flags_family_and_options()
     memory = catalog.backend_entry("linformer").memory
     assert rows[0] == (f"| `linformer` | `{formula}` | linear in N | {memory} | fixed_length | `low_rank/` "
                        "| `k`, `sharing`, `interpolate` |")
-    # multi_pattern's class says linear_cost, but its default patterns have global heads: the instance decides
+    # multi_pattern's class says linear_cost, but its default patterns have global heads: linear_in(cfg) decides
     assert rows[1].split(" | ")[2] == "super-linear"
 
 

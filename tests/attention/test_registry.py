@@ -80,7 +80,7 @@ def test_eval_is_deterministic(attention_name):
         torch.testing.assert_close(Host(attn, (8, 8))(x), Host(attn, (8, 8))(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).linear_cost])
+@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).grows_linearly])
 def test_linear_cost_measured_grows_linearly(name):
     """16x16 -> 64x64 is 16x the tokens: a linear backend's measured FLOPs grow 16x, not ~256x."""
     measured = {}
@@ -92,7 +92,7 @@ def test_linear_cost_measured_grows_linearly(name):
     assert measured[64] <= 16 * measured[16] * 1.05, measured
 
 
-@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).linear_cost])
+@pytest.mark.parametrize("name", [n for n in ATTENTION_NAMES if make_attention(n, (16, 16), 0).grows_linearly])
 def test_linear_cost_never_builds_a_token_by_token_matrix(name):
     """At 32x32 + class token no op in forward or backward returns an N×N-sized tensor."""
     grid, n = (32, 32), 1025

@@ -26,7 +26,8 @@ Contract (one interface for every mixer):
 Capability flags are class attributes checked when the model is built:
 
 * ``fixed_length``: parameters depend on the sequence length fixed at construction.
-* ``linear_cost``: cost grows linearly with N at fixed options (sparse, windowed, linear backends).
+* ``linear_cost`` / ``linear_in(cfg, heads)``: cost grows linearly with N at fixed options (sparse, windowed, linear
+  backends); ``linear_in`` answers for one config (``multi_pattern`` with global heads is quadratic).
 * ``impls``: the values the config's ``impl`` option accepts (empty: the backend has one implementation).
 * ``prefix_tokens(cfg)``: how many persistent prefix tokens (class token included) the host must carry
   (``longformer``'s persistent global tokens); 0 by default.
@@ -164,6 +165,21 @@ class TokenMixer(nn.Module):
             cfg: the backend's config.
         """
         return cls.sequence_capable
+
+    @classmethod
+    def linear_in(cls, cfg: Any, num_heads: int) -> bool:
+        """Whether this config's cost grows linearly in N: :attr:`linear_cost` unless an option adds a
+        quadratic part (``multi_pattern`` with heads on its global pattern).
+
+        Args:
+            cfg: the backend's config; num_heads: the layer's heads.
+        """
+        return cls.linear_cost
+
+    @property
+    def grows_linearly(self) -> bool:
+        """:meth:`linear_in` for this layer's config and heads."""
+        return type(self).linear_in(self.cfg, self.num_heads)
 
     def seq_len(self, grid: Optional[Grid] = None) -> int:
         """N = P + H*W at ``grid`` (default: the construction grid)."""

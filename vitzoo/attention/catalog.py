@@ -72,11 +72,11 @@ def backend_entry(name: str) -> BackendEntry:
     cls, config_cls = ATTENTION.get(name)
     if not cls.formula:
         raise ValueError(f"attention '{name}': {cls.__name__} has no class attribute formula")
-    # linear_cost can depend on the options (multi_pattern's global heads), so it is read from an instance
+    # linear_in can depend on the options (multi_pattern's global heads): asked for the YAML options
     ctx = MixerContext(dim=32, num_heads=4, grid=GROWTH_GRID, num_prefix=0, window=4)
     mixer = build_attention(attention_options(name), ctx)
     return BackendEntry(
-        name=name, formula=cls.formula, linear_cost=bool(mixer.linear_cost),
+        name=name, formula=cls.formula, linear_cost=mixer.grows_linearly,
         flags=tuple(f for f in FLAGS if getattr(cls, f)), family=attention_family(name),
         options=tuple(f.name for f in dataclasses.fields(config_cls) if f.init), memory=memory_text(name))
 

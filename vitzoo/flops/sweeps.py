@@ -240,7 +240,7 @@ def formula_table(attentions: list[str], side: int = 14, dim: int = 128, heads: 
         mark = "" if value is None else ("= flops()" if round(value) == flops else f"{value / 1e6:.3f} M")
         flags = ", ".join(f for f in ("fixed_length",) if getattr(layer, f))
         rows.append([f"`{name}`", f"`{layer.formula}`", ", ".join(f"{k}={v}" for k, v in sym.items()),
-                     f"{flops / 1e6:.3f} M", mark or "(not evaluable)", "yes" if layer.linear_cost else "no", flags])
+                     f"{flops / 1e6:.3f} M", mark or "(not evaluable)", "yes" if layer.grows_linearly else "no", flags])
     return markdown(header, rows)
 
 

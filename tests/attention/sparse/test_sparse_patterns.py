@@ -175,11 +175,11 @@ def test_multi_pattern_without_global_heads_builds_no_token_by_token_tensor():
 
 
 def test_multi_pattern_linear_cost_depends_on_global_heads():
-    assert not make_attention("multi_pattern", (16, 16), 0).linear_cost
+    assert not make_attention("multi_pattern", (16, 16), 0).grows_linearly
     measured = {}
     for side in (16, 64):
         attn = make_attention("multi_pattern", (side, side), 0, **NO_GLOBAL_HEADS).eval()
-        assert attn.linear_cost
+        assert attn.grows_linearly
         with torch.no_grad():
             x = torch.zeros(1, side * side, 32)
             measured[side] = flop_analysis(Host(attn, (side, side)), (x,)).by_module()["attn"]

@@ -82,8 +82,13 @@ class MultiPatternAttention(NeighbourhoodAttention):
     def __init__(self, cfg: MultiPatternConfig, ctx: MixerContext):
         self.head_counts = self.assign_heads(cfg.patterns, ctx.num_heads)
         super().__init__(cfg, ctx)
-        self.linear_cost = all(n == 0 for (name, _), n in zip(cfg.patterns, self.head_counts) if name == "global")
         self.setup()
+
+    @classmethod
+    def linear_in(cls, cfg: MultiPatternConfig, num_heads: int) -> bool:
+        """Linear in N unless the global pattern gets heads (they score every key)."""
+        counts = cls.assign_heads(cfg.patterns, num_heads)
+        return all(n == 0 for (name, _), n in zip(cfg.patterns, counts) if name == "global")
 
     @staticmethod
     def assign_heads(patterns: list, num_heads: int) -> list[int]:
