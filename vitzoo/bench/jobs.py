@@ -288,7 +288,7 @@ def _fwd(setup: _Setup, forward: Callable, x: torch.Tensor) -> Callable[[], None
 def _layer_cost(attn: nn.Module, grid: tuple[int, int], gmacs_global: float) -> Row:
     """Analytic cost of ``attn`` on ``grid``, its ratio to ``global``'s, and the parameter count."""
     gmacs = attn.flops(grid) / 1e9
-    return {"linear_cost": bool(getattr(attn, "linear_cost", False)), "formula": getattr(attn, "formula", ""),
+    return {"linear_cost": bool(getattr(attn, "grows_linearly", False)), "formula": getattr(attn, "formula", ""),
             "gmacs_analytic": gmacs, "flops_ratio": gmacs_global / gmacs if gmacs else None,
             "params": _params(attn)}
 
