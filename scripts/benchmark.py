@@ -10,12 +10,10 @@ Examples (from the repository root):
     # a few backends, ImageNet-size models, on GPU with bf16 autocast and torch.compile
     python scripts/benchmark.py --mode models --attention global,window,performer \
         --models vit_tiny,swin_tiny --batch 128 --amp bf16 --compile
-    # docs/results.md's memory table: predicted versus measured training peak, no timing; one run per precision
-    # (the two can run side by side, one thread each: a peak is its own process's)
+    # docs/results.md's memory table: predicted versus measured training peak, fp32 and bf16, no timing; two
+    # configurations side by side, one thread each (a peak is its own process's)
     python scripts/benchmark.py --mode models --memory-only --model-tokens 64,1024,4096 --batch 16,4,1 \
-        --batch-per-size --threads 1 --amp none --out results/benchmark/memory/fp32
-    python scripts/benchmark.py --mode models --memory-only --model-tokens 64,1024,4096 --batch 16,4,1 \
-        --batch-per-size --threads 1 --amp bf16 --out results/benchmark/memory/bf16
+        --batch-per-size --amp none,bf16 --jobs 2 --threads 1 --out results/benchmark/memory
     # README's backend guide (scripts/backend_guide.py): vit_cifar at 1,024 and 4,096 grid tokens, one batch each
     python scripts/benchmark.py --mode models --models vit_cifar --img-size 128,256 --batch 4,1 --batch-per-size \
         --amp bf16 --no-references --out results/benchmark/whole_model
@@ -81,7 +79,9 @@ def parse_args(argv=None) -> BenchOptions:
                    help="cap on seconds per measurement (lowers --repeats, not below 3)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (default: torch's)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
-    p.add_argument("--amp", choices=["none", "bf16"], default=d.amp, help="autocast dtype")
+    p.add_argument("--amp", default=d.amp, help="autocast dtype: none or bf16; with --memory-only also none,bf16")
+    p.add_argument("--jobs", type=int, default=d.jobs,
+                   help="with --memory-only: configurations measured side by side, each in its own process")
     p.add_argument("--compile", action="store_true", help="torch.compile the models/layers")
     p.add_argument("--no-isolate", dest="isolate", action="store_false",
                    help="run every configuration in this process (faster, memory numbers less clean)")

@@ -24,16 +24,18 @@ TERMS = ("predicted_params_mb", "predicted_grads_mb", "predicted_optimizer_mb", 
 
 def test_memory_only_rows_carry_the_measured_peak_and_a_positive_prediction(tmp_path):
     """Memory-only rows: the training peak and the prediction term by term, no timing, FLOPs or references."""
-    opts = BenchOptions(mode="models", memory_only=True, attention=["global", "window"],
+    opts = BenchOptions(mode="models", memory_only=True, attention=["global", "window"], amp="none,bf16",
                         models=["vit_cifar", "swin_cifar"], model_tokens=[64], batches=[2], isolate=False,
                         out=str(tmp_path), **TINY)
     run_benchmark(opts, log=lambda msg: None)
     rows = read_csv(tmp_path / "models.csv")
-    assert [(r["model"], r["backend"], r["status"]) for r in rows] == [
-        ("vit_cifar", "global", "ok"), ("vit_cifar", "window", "ok"),
-        ("swin_cifar", "global", "ok"), ("swin_cifar", "window", "ok")]
+    assert [(r["model"], r["amp"], r["backend"], r["status"]) for r in rows] == [
+        (model, amp, backend, "ok") for model in ("vit_cifar", "swin_cifar") for amp in ("none", "bf16")
+        for backend in ("global", "window")]
     assert not (tmp_path / "references.csv").exists()
-    assert [(r["img_size"], r["tokens"]) for r in rows] == [("32", "65")] * 2 + [("16", "64")] * 2
+    assert [(r["img_size"], r["tokens"]) for r in rows] == [("32", "65")] * 4 + [("16", "64")] * 4
+    by_amp = {(r["model"], r["backend"], r["amp"]): float(r["predicted_activation_mb"]) for r in rows}
+    assert by_amp[("vit_cifar", "global", "bf16")] != by_amp[("vit_cifar", "global", "none")]  # autocast's saved set
     for r in rows:
         assert r["train_img_s"] == r["gmacs"] == r["infer_peak_mb"] == ""
         assert r["train_peak_mb"] != ""
@@ -57,10 +59,18 @@ def test_timed_rows_carry_the_prediction_of_their_training_steps(tmp_path):
 
 
 def test_memory_only_needs_models_mode_and_parses_from_the_command_line():
-    with pytest.raises(ConfigError, match="^--memory-only") as exc:
-        BenchOptions(mode="all", memory_only=True)
-    assert "\n" not in str(exc.value)
-    assert load_file("scripts", "benchmark").parse_args(["--mode", "models", "--memory-only"]).memory_only
+    for options, name in (({"mode": "all", "memory_only": True}, "--memory-only"),
+                          ({"amp": "none,bf16"}, "--amp none,bf16: several precisions"),
+                          ({"amp": "bf16,fp16", "memory_only": True, "mode": "models"}, "--amp must be"),
+                          ({"jobs": 2}, "--jobs 2"),
+                          ({"jobs": 2, "memory_only": True, "mode": "models", "isolate": False}, "--jobs 2"),
+                          ({"jobs": 0}, "--jobs 0")):
+        with pytest.raises(ConfigError, match="^" + name) as exc:
+            BenchOptions.from_options(options)
+        assert "\n" not in str(exc.value)
+    opts = load_file("scripts", "benchmark").parse_args(
+        ["--mode", "models", "--memory-only", "--amp", "none,bf16", "--jobs", "2"])
+    assert opts.memory_only and opts.amp == "none,bf16" and opts.jobs == 2
 
 
 def test_model_tokens_set_each_models_side_from_its_patch():
@@ -102,6 +112,7 @@ def _fixture_runs(root):
                 _row("global", "vit_cifar", 4097, 400.0 * scale, 420.0 * scale),
                 _row("local", "vit_cifar", 65, 60.0 * scale, 80.0 * scale),
                 {**_row("local", "vit_cifar", 4097, "", ""), "status": "out of memory during training"}]
+        rows = [{**r, "amp": amp} for r in rows]
         write_csv(rows, MODEL_COLUMNS, folder / "models.csv")
         command = f"python scripts/benchmark.py --mode models --memory-only --amp {amp}"
         (folder / "environment.json").write_text(json.dumps({**ENV, "command": command, "options": {"amp": amp}}))
@@ -149,3 +160,13 @@ def test_gen_docs_writes_the_memory_table_and_check_fails_on_a_number_changed_by
 def test_prediction_columns_follow_the_measured_peak():
     i = MODEL_COLUMNS.index("train_peak_mb")
     assert MODEL_COLUMNS[i + 1:i + 1 + len(PREDICTION_COLUMNS)] == PREDICTION_COLUMNS
+
+
+def test_memory_only_jobs_run_side_by_side_each_in_its_own_process(tmp_path):
+    opts = BenchOptions(mode="models", memory_only=True, attention=["global", "window"], models=["vit_cifar"],
+                        model_tokens=[64], batches=[2], jobs=2, out=str(tmp_path), **TINY)
+    rows = run_benchmark(opts, log=lambda msg: None)["models"]
+    assert [(r["backend"], r["status"]) for r in rows] == [("global", "ok"), ("window", "ok")]
+    assert all(r["train_peak_mb"] > 0 and r["predicted_peak_mb"] > 0 for r in rows)
+    assert sorted(json.loads(line)["backend"] for line in (tmp_path / "rows.jsonl").read_text().splitlines()) == [
+        "global", "window"]

@@ -52,9 +52,12 @@ class BenchOptions:
             below 3, or below ``repeats`` if that is smaller).
         threads: ``torch.set_num_threads`` in every worker (``None``: torch's default).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
-        amp: ``"none"`` or ``"bf16"`` (autocast).
+        amp: ``"none"`` or ``"bf16"`` (autocast); with ``memory_only`` also both, ``"none,bf16"``: each configuration
+            at each precision, in one run.
         compile: wrap models in ``torch.compile``.
         isolate: one process per configuration (honest peak memory); ``False`` runs in-process.
+        jobs: with ``memory_only``, configurations measured side by side, each in its own process (a peak is its
+            own process's; timings would disturb each other, so timed runs take 1).
         timeout: seconds before a configuration's process is stopped.
         mem_limit_gb: CPU address-space budget of a worker on top of its start-up size
             (``None``: 80 % of the memory available when the run starts).
@@ -89,6 +92,7 @@ class BenchOptions:
     amp: str = "none"
     compile: bool = False
     isolate: bool = True
+    jobs: int = 1
     timeout: float = 900.0
     mem_limit_gb: Optional[float] = None
     out: Optional[str] = None
@@ -97,8 +101,14 @@ class BenchOptions:
     def __post_init__(self):
         if self.mode not in ("all", "models", "layers"):
             raise ConfigError(f"--mode must be all, models or layers (got {self.mode!r})")
-        if self.amp not in ("none", "bf16"):
-            raise ConfigError(f"--amp must be none or bf16 (got {self.amp!r})")
+        amps = self.amp.split(",")
+        if not amps or any(a not in ("none", "bf16") for a in amps) or len(set(amps)) != len(amps):
+            raise ConfigError(f"--amp must be none, bf16 or, with --memory-only, none,bf16 (got {self.amp!r})")
+        if len(amps) > 1 and not self.memory_only:
+            raise ConfigError(f"--amp {self.amp}: several precisions in one run need --memory-only")
+        if self.jobs < 1 or (self.jobs > 1 and not (self.memory_only and self.isolate)):
+            raise ConfigError(f"--jobs {self.jobs}: must be 1, or more with --memory-only and one process per "
+                              "configuration (timings of side-by-side processes disturb each other)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda (got {self.device!r})")
         for n in self.model_tokens:

@@ -1,11 +1,11 @@
 """docs/results.md's memory table: the predicted training peak beside the measured one, backend × tokens.
 
 Its data are the ``--memory-only`` benchmark runs under ``results/benchmark/memory/`` (each run's folder holds its
-``models.csv`` and ``environment.json``; one run per precision). For each model a table: one row per backend, one
-column per grid token count and precision, each cell ``predicted / measured MB (measured ÷ predicted)``, and the two
-largest saved tensors of the backend's ``memory()`` at the largest token count (:mod:`vitzoo.bench.memory_rows`
-defines the prediction). ``python scripts/gen_docs.py`` writes it between ``<!-- memory-peak:begin -->`` and
-``<!-- memory-peak:end -->``; ``--check`` compares.
+``models.csv`` and ``environment.json``; a row's precision is its ``amp``). For each model a table: one row per
+backend, one column per grid token count and precision, each cell ``predicted / measured MB (measured ÷
+predicted)``, and the two largest saved tensors of the backend's ``memory()`` at the largest token count
+(:mod:`vitzoo.bench.memory_rows` defines the prediction). ``python scripts/gen_docs.py`` writes it between
+``<!-- memory-peak:begin -->`` and ``<!-- memory-peak:end -->``; ``--check`` compares.
 """
 from __future__ import annotations
 
@@ -109,8 +109,7 @@ def block_text(root: Path, order: Sequence[str]) -> str:
     rows, sources = [], []
     for folder in runs(root):
         run_rows, env = read_run(folder)
-        precision = PRECISIONS.get(str(env.get("options", {}).get("amp", "none")), "fp32")
-        rows += [{**r, "precision": precision} for r in run_rows]
+        rows += [{**r, "precision": PRECISIONS.get(r.get("amp") or "none", r.get("amp"))} for r in run_rows]
         sources.append(source_line(env))
     parts = sources[:]
     models = list(dict.fromkeys(r["model"] for r in rows))

@@ -6,6 +6,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
@@ -38,9 +39,9 @@ def _mem_limit(opts: BenchOptions, device: str) -> Optional[float]:
 
 def _common(opts: BenchOptions, device: str, mem_limit_gb: Optional[float]) -> dict[str, Any]:
     """The keys every job shares."""
-    return dict(device=device, threads=opts.threads, amp=opts.amp, compile=opts.compile, warmup=opts.warmup,
-                repeats=opts.repeats, min_time=opts.min_time, max_time=opts.max_time, seed=opts.seed,
-                mem_limit_gb=mem_limit_gb)
+    return dict(device=device, threads=opts.threads, amp=opts.amp.split(",")[0], compile=opts.compile,
+                warmup=opts.warmup, repeats=opts.repeats, min_time=opts.min_time, max_time=opts.max_time,
+                seed=opts.seed, mem_limit_gb=mem_limit_gb)
 
 
 def _runner(opts: BenchOptions, common: Mapping[str, Any], stream: Path) -> Run:
@@ -73,26 +74,28 @@ def model_cases(opts: BenchOptions, model: str) -> list[tuple[int, int]]:
 
 def _run_models(opts: BenchOptions, backends: list[str], run: Run, log: Callable[[str], None],
                 models: list[Row], refs: list[Row]) -> None:
-    """Every model × size × batch × backend, and the timm twin where the model has one (none with token
-    reduction or model options: timm's twin has neither)."""
-    for model in opts.models:
+    """Every model × precision × size × batch × backend (``--jobs`` of them side by side), and the timm twin where
+    the model has one (none with token reduction or model options: timm's twin has neither)."""
+    amps = opts.amp.split(",")
+    for model, amp, (img, batch) in [(m, a, case) for m in opts.models for a in amps for case in model_cases(opts, m)]:
         ref_backend, ref_name = MODEL_REFERENCES.get(model_family(model), (None, None))
-        for img, batch in model_cases(opts, model):
-            for backend in backends:
-                row = run(dict(kind="model", backend=backend, spec=attention_options(backend), model=model,
-                               img_size=img, batch=batch, token_reduction=opts.token_reduction,
-                               model_options=opts.model_options, memory_only=opts.memory_only))
+        jobs = [dict(kind="model", backend=backend, spec=attention_options(backend), model=model, img_size=img,
+                     batch=batch, token_reduction=opts.token_reduction, model_options=opts.model_options,
+                     memory_only=opts.memory_only, amp=amp) for backend in backends]
+        with ThreadPoolExecutor(opts.jobs) as pool:  # --jobs processes side by side (memory-only runs)
+            for row in pool.map(run, jobs) if opts.jobs > 1 else map(run, jobs):
                 models.append(row)
-                log(f"  model {row['model']:11s} {img}px b{batch} {backend:14s} {_brief_model(row)}")
-            if opts.references and not opts.memory_only and ref_backend in backends and opts.token_reduction is None \
-                    and not opts.model_options:
-                row = run(dict(kind="model_ref", backend=ref_backend, spec=attention_options(ref_backend),
-                               model=model, img_size=img, batch=batch, reference=ref_name))
-                row.setdefault("level", "model")
-                row.setdefault("case", f"{model} {img}px b{batch}")
-                row.setdefault("reference", ref_name)
-                refs.append(row)
-                log(f"  ref   {model:11s} {img}px b{batch} vs {ref_name}: {_brief_ref(row)}")
+                log(f"  model {row['model']:11s} {img}px b{batch}{'' if len(amps) == 1 else ' ' + amp} "
+                    f"{row['backend']:14s} {_brief_model(row)}")
+        if opts.references and not opts.memory_only and ref_backend in backends and opts.token_reduction is None \
+                and not opts.model_options:
+            row = run(dict(kind="model_ref", backend=ref_backend, spec=attention_options(ref_backend),
+                           model=model, img_size=img, batch=batch, reference=ref_name))
+            row.setdefault("level", "model")
+            row.setdefault("case", f"{model} {img}px b{batch}")
+            row.setdefault("reference", ref_name)
+            refs.append(row)
+            log(f"  ref   {model:11s} {img}px b{batch} vs {ref_name}: {_brief_ref(row)}")
 
 
 def _run_layer_ref(opts: BenchOptions, backend: str, tokens: int, layer: Mapping[str, Any], run: Run) -> Row:
