@@ -289,38 +289,41 @@ class SinkhornAttention(BucketAttention):
 
     def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
         """Shapes only (the soft permutation mixes whole blocks). The sorting network's inputs, its ReLU outputs
-        and every Sinkhorn iterate with its log-sum-exp rows, then the block attention; all in the projection's
-        dtype under autocast. The prefix keys and values go through batched matmuls that copy them unless the
-        batch or the heads axis has length 1 (then the matmuls view the q|k|v storage)."""
-        check(amp is None or self.cfg.sort_net == "input",
-              f"memory() of attention.sort_net={self.cfg.sort_net} covers fp32 only (its sorting net mixes dtypes "
-              f"under autocast); use sort_net=input or amp=None")
+        and every Sinkhorn iterate with its log-sum-exp rows, then the block attention; in the projection's dtype
+        under autocast, except after ``sort_net: keys``, whose fp32 bias makes the scores, R and the block bias fp32
+        (then the matmuls keep autocast copies of R and of the block weights). The prefix keys and values go through
+        batched matmuls that copy them unless the batch or the heads axis has length 1 (then the matmuls view the
+        q|k|v storage)."""
         b, nb = self.layout(grid)
         B, h, d, C, size = batch, self.num_heads, self.head_dim, self.dim, itemsize(amp)
+        sink = 4 if self.cfg.sort_net == "keys" else size  # bytes of the Sinkhorn iterates, R and the block bias
         N, M, P, L = self.seq_len(grid), grid[0] * grid[1], self.num_prefix, nb * b
         items = self.sort_net_memory(B, h, nb, b, amp)
         for _ in range(self.cfg.iters):  # a column then a row normalisation: logsumexp keeps input and result
-            items += [Saved("Sinkhorn iterate", B * h * nb * nb, size),  # [B, h, nb, nb]
-                      Saved("Sinkhorn column log-sum-exp", B * h * nb, size),  # [B, h, 1, nb]
-                      Saved("Sinkhorn iterate", B * h * nb * nb, size),  # [B, h, nb, nb]
-                      Saved("Sinkhorn row log-sum-exp", B * h * nb, size)]  # [B, h, nb, 1]
-        items += [Saved("soft permutation R", B * h * nb * nb, size),  # [B, h, nb, nb]: exp result, matmul input
+            items += [Saved("Sinkhorn iterate", B * h * nb * nb, sink),  # [B, h, nb, nb]
+                      Saved("Sinkhorn column log-sum-exp", B * h * nb, sink),  # [B, h, 1, nb]
+                      Saved("Sinkhorn iterate", B * h * nb * nb, sink),  # [B, h, nb, nb]
+                      Saved("Sinkhorn row log-sum-exp", B * h * nb, sink)]  # [B, h, nb, 1]
+        if sink != size:  # the autocast copies the two matmuls read: R, and the fp32 block weights
+            items += [Saved("soft permutation R (autocast copy)", B * h * nb * nb, size),  # [B, h, nb, nb]
+                      Saved("block attention weights (autocast copy)", B * h * L * 2 * b, size)]  # [B, h, nb, b, 2b]
+        items += [Saved("soft permutation R", B * h * nb * nb, sink),  # [B, h, nb, nb]: exp result, matmul input
                   Saved("key|value blocks", B * h * L * 2 * d, size),  # [B, h, nb, b, 2d]: R @ blocks input
                   Saved("own and sorted key|value blocks", B * h * L * 4 * d, size),  # [B, h, nb, 2b, 2d]
                   Saved("block queries (scaled)", B * h * L * d, size),  # [B, h, nb, b, d]
-                  Saved("block attention weights", B * h * L * 2 * b, size)]  # [B, h, nb, b, 2b]
+                  Saved("block attention weights", B * h * L * 2 * b, sink)]  # [B, h, nb, b, 2b]
         if L > M:  # the sorted slots' share of real keys: log1p keeps it, the pad mask scales it
-            items += [Saved("sorted-slot pad mask", b, size),  # [b] pad slots of the last block
-                      Saved("sorted-slot pad share", B * h * nb * b, size)]  # [B, h, nb, b]
+            items += [Saved("sorted-slot pad mask", b, sink),  # [b] pad slots of the last block
+                      Saved("sorted-slot pad share", B * h * nb * b, sink)]  # [B, h, nb, b]
         if not P:  # one image of one head: the output projection's input views the block output, pad rows included
             return items + ([Saved("pad rows under the proj input", B * (L - M) * C, size)] if B == h == 1 else [])
-        items += [Saved("block scores", B * h * L * 2 * b, size),  # [B, h, nb, b, 2b]: logsumexp input
-                  Saved("block log-sum-exp", B * h * L, size),  # [B, h, nb, b]
+        items += [Saved("block scores", B * h * L * 2 * b, sink),  # [B, h, nb, b, 2b]: logsumexp input
+                  Saved("block log-sum-exp", B * h * L, sink),  # [B, h, nb, b]
                   Saved("grid queries (scaled)", B * h * M * d, size),  # [B, h, M, d]: vs the prefix keys
                   Saved("prefix-key scores", B * h * M * P, size),  # [B, h, M, P]
                   Saved("prefix-key weights", B * h * M * P, size),  # [B, h, M, P]
                   Saved("prefix-key log-sum-exp", B * h * M, size),  # [B, h, M]
-                  Saved("part weights", B * h * 2 * M, size),  # [B, h, 2, M]: blocks and prefix part
+                  Saved("part weights", B * h * 2 * M, sink),  # [B, h, 2, M]: blocks and prefix part
                   Saved("part outputs", B * h * 2 * M * d, size),  # [B, h, 2, M, d]
                   Saved("prefix queries (scaled)", B * h * P * d, size),  # [B, h, P, d]
                   Saved("prefix-query weights", B * h * P * N, size)]  # [B, h, P, N]
@@ -346,8 +349,10 @@ class SinkhornAttention(BucketAttention):
             if self.cfg.sort_net == "keys":
                 return items + [Saved("mean block keys", B * h * nb * d, size),  # [B, h, nb, d]
                                 Saved("sort_hidden weight (batch copy)", copies * h * d * s, size),  # [B·h, d, s]
-                                Saved("sort-net hidden (ReLU)", B * h * nb * s, size),  # [B, h, nb, s]
-                                Saved("sort_out weight (batch copy)", copies * h * s * nb, size)]  # [B·h, s, nb]
+                                # [B, h, nb, s]: fp32, as the matmul's sum with the fp32 bias
+                                Saved("sort-net hidden (ReLU)", B * h * nb * s, 4),
+                                Saved("sort_out weight (batch copy)", copies * h * s * nb, size)] + (
+                [Saved("sort_out input (autocast copy)", B * h * nb * s, size)] if amp is not None else [])
             return items + [Saved("mean block queries", B * h * nb * d, size),  # [B, h, nb, d]
                             Saved("mean block keys", B * h * nb * d, size),  # [B, h, nb, d]
                             Saved("sort_q weight (batch copy)", copies * h * d * s, size),  # [B·h, d, s]
