@@ -346,14 +346,12 @@ class RoutingAttention(BucketAttention):
 
     def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype],
                       span: Optional[int] = None) -> list[Saved]:
-        """:func:`~vitzoo.attention.data_driven.routing_memory.routing_memory` (``assignment: nearest``).
+        """:func:`~vitzoo.attention.data_driven.routing_memory.routing_memory`.
 
         Args:
             grid: token grid; batch: images; amp: autocast dtype or ``None``.
             span: the routing heads' span S; default: the last forward's at ``grid`` (:meth:`span`).
         """
-        check(self.cfg.assignment == "nearest", "memory() of attention.assignment=balanced is not derived; "
-                                                "use attention.assignment=nearest")
         return routing_memory(self, grid, batch, amp, self.span(grid) if span is None else span)
 
     def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,

@@ -1,9 +1,10 @@
-"""Activation memory of ``routing`` (``assignment: nearest``): what one training forward keeps for backward, by part.
+"""Activation memory of ``routing``: what one training forward keeps for backward, by part.
 
 Every op runs in the q/k/v projection's dtype under autocast; indices are int64 and masks bool. The clusters decide
 which tokens meet, the span S (key blocks per query block of the routing heads) decides the sizes: the caller passes
-the S of the forward it describes. A batched matmul over a head group copies its prefix keys and values, unless the
-batch or the group has one entry (then it views the q|k|v storage, kept anyway).
+the S of the forward it describes (``assignment: balanced`` runs every head through pieces of w tokens: no span).
+A batched matmul over a head group copies its prefix keys and values, unless the batch or the group has one entry
+(then it views the q|k|v storage, kept anyway).
 """
 from __future__ import annotations
 
@@ -52,9 +53,27 @@ def scatter_combine_memory(B: int, h: int, slots: int, M: int, d: int, size: int
                     Saved("token numerator", B * h * M * d, size)]  # [B, h, M, d]
 
 
+def pieces_memory(B: int, h: int, K: int, w: int, M: int, P: int, d: int, size: int) -> list[Saved]:
+    """``h`` heads through K pieces of w queries and w keys each (local windows, balanced clusters), the prefix
+    keys as a part every token has, merged back to the M tokens (the pieces' token indices are the caller's).
+
+    Args:
+        B: images; h: heads; K: pieces; w: piece size; M: grid tokens; P: prefix tokens; d: head width;
+        size: bytes per element.
+    """
+    items = [Saved("k|v grid tokens", B * h * M * 2 * d, size),  # [B, h, M, 2d]: gather input
+             Saved("piece keys|values", B * h * K * w * 2 * d, size),  # [B, h, K, w, 2d]
+             Saved("piece queries (scaled)", B * h * K * w * d, size),  # [B, h, K, w, d]
+             Saved("piece scores", B * h * K * w * w, size),  # [B, h, K, w, w]: logsumexp input
+             Saved("piece weights (softmax)", B * h * K * w * w, size),  # [B, h, K, w, w]
+             Saved("piece log-sum-exp", B * h * K * w, size)]  # [B, h, K, w]
+    items += prefix_part_memory(B, h, M, P, d, size)
+    return items + scatter_combine_memory(B, h, K * w, M, d, size, extra=P > 0, extra_output=True)
+
+
 def routing_memory(attn, grid: tuple[int, int], batch: int, amp: Optional[torch.dtype], span: int) -> list[Saved]:
     """:meth:`RoutingAttention.attend_memory` with the span given (the q|k|v storage, local and routing heads, the
-    prefix rows).
+    prefix rows); ``assignment: balanced`` runs every head through pieces and has no span.
 
     Args:
         attn: the :class:`~vitzoo.attention.data_driven.routing.RoutingAttention`.
@@ -64,17 +83,13 @@ def routing_memory(attn, grid: tuple[int, int], batch: int, amp: Optional[torch.
     N, M, P, K = attn.seq_len(grid), grid[0] * grid[1], attn.num_prefix, attn.num_clusters
     w, hl = attn.cluster_size(grid), attn.local_heads
     hr, nb = h - hl, -(-M // w)
-    items = [Saved("q|k|v (projection output)", B * N * 3 * C, size),  # [B, N, 3C]: the query gathers' input
-             # local heads: K windows of w tokens
-             Saved("window tokens", K * w, 8),  # [K, w] int64: gather and scatter index (expanded)
-             Saved("local k|v grid tokens", B * hl * M * 2 * d, size),  # [B, h_l, M, 2d]: gather input
-             Saved("local window keys|values", B * hl * K * w * 2 * d, size),  # [B, h_l, K, w, 2d]
-             Saved("local window queries (scaled)", B * hl * K * w * d, size),  # [B, h_l, K, w, d]
-             Saved("local window scores", B * hl * K * w * w, size),  # [B, h_l, K, w, w]: logsumexp input
-             Saved("local window weights", B * hl * K * w * w, size),  # [B, h_l, K, w, w]
-             Saved("local window log-sum-exp", B * hl * K * w, size)]  # [B, h_l, K, w]
-    items += prefix_part_memory(B, hl, M, P, d, size)
-    items += scatter_combine_memory(B, hl, K * w, M, d, size, extra=P > 0, extra_output=True)
+    items = [Saved("q|k|v (projection output)", B * N * 3 * C, size)]  # [B, N, 3C]: the query gathers' input
+    if attn.cfg.assignment == "balanced":  # windows and top-w clusters side by side, as token indices
+        items += [Saved("query piece tokens", B * h * K * w, 8),  # [B, h, K, w] int64: gather and scatter index
+                  Saved("key piece tokens", B * h * K * w, 8)]  # [B, h, K, w] int64: gather index
+        return items + pieces_memory(B, h, K, w, M, P, d, size) + prefix_rows_memory(B, h, N, P, d, size)
+    items.append(Saved("window tokens", K * w, 8))  # [K, w] int64: the local heads' index (expanded)
+    items += pieces_memory(B, hl, K, w, M, P, d, size)
     if hr:  # routing heads: nb blocks of w sorted queries against S·w sorted keys
         items += [Saved("key slot tokens", B * hr * nb * span * w, 8),  # [B, h_r, nb, S·w] int64
                   Saved("routing k|v grid tokens", B * hr * M * 2 * d, size),  # [B, h_r, M, 2d]: gather input
@@ -96,10 +111,20 @@ def routing_memory(attn, grid: tuple[int, int], batch: int, amp: Optional[torch.
                       Saved("prefix|own log-normalisers", B * hr * 2 * M, size),  # [B, h_r, 2, M]: logsumexp input
                       Saved("prefix|own log-sum-exp", B * hr * M, size)]  # [B, h_r, M]
         items += scatter_combine_memory(B, hr, nb * w, M, d, size, extra=True, extra_output=P > 0)
-    if P:  # prefix queries attend to all N keys
-        items += [Saved("prefix queries (scaled)", B * h * P * d, size),  # [B, h, P, d]
-                  Saved("prefix-query weights", B * h * P * N, size)]  # [B, h, P, N]
-        if B > 1 and h > 1:
-            items += [Saved("keys (matmul copy)", B * h * d * N, size),  # [B·h, d, N]
-                      Saved("values (matmul copy)", B * h * N * d, size)]  # [B·h, N, d]
+    return items + prefix_rows_memory(B, h, N, P, d, size)
+
+
+def prefix_rows_memory(B: int, h: int, N: int, P: int, d: int, size: int) -> list[Saved]:
+    """Prefix queries attending to all N keys (``BucketAttention.prefix_rows``).
+
+    Args:
+        B: images; h: heads; N: tokens; P: prefix tokens; d: head width; size: bytes per element.
+    """
+    if not P:
+        return []
+    items = [Saved("prefix queries (scaled)", B * h * P * d, size),  # [B, h, P, d]
+             Saved("prefix-query weights", B * h * P * N, size)]  # [B, h, P, N]
+    if B > 1 and h > 1:  # else the matmuls view k and v in the q|k|v storage
+        items += [Saved("keys (matmul copy)", B * h * d * N, size),  # [B·h, d, N]
+                  Saved("values (matmul copy)", B * h * N * d, size)]  # [B·h, N, d]
     return items
