@@ -38,7 +38,9 @@ def counted_and_predicted(name: str, grid: tuple[int, int], amp, num_prefix: int
     with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
         with SavedTensorCounter(mixer) as counter:
             out = mixer(x, grid)
-            counted, table = counter.activation_bytes, counter.table()
+    # read once the counter closed, the output still alive: what autograd holds for backward (a tensor saved
+    # by a graph part the forward dropped is marked freed and left out)
+    counted, table = counter.activation_bytes, counter.table()
     del out
     return counted, saved_bytes(mixer.memory(grid, batch=BATCH, amp=amp, input_dtype=input_dtype)), table
 
