@@ -6,7 +6,7 @@ prediction adds up what that process holds at the peak, each term a CSV column i
 
     predicted_params_mb      parameters (fp32)
     predicted_grads_mb       one gradient per trainable parameter
-    predicted_optimizer_mb   the AdamW state after the steps (two moments and a step count per parameter)
+    predicted_optimizer_mb   the AdamW state after the steps (two moments per parameter, a step count per tensor)
     predicted_input_mb       the random batch, its labels and the batch-1 copy the benchmark keeps
     predicted_activation_mb  model.memory(batch, amp, grid): the tensors the forward keeps for backward
     predicted_transient_mb   the gradient of the largest saved tensor, made by its op's backward while the
@@ -16,7 +16,8 @@ prediction adds up what that process holds at the peak, each term a CSV column i
 ``predicted_top_saved`` names the two largest saved tensors of :meth:`memory`, summed over the blocks
 (``"mlp: GELU input"`` is every block's GELU input). The allocator's own overhead, the thread pools'
 buffers and the small tensors of the optimizer's per-parameter loop are not in the prediction: the ratio
-shows them.
+shows them. The sum counts every gradient beside every activation, though backward makes the gradients as it
+frees the activations: where the parameters weigh as much as the activations, the measured peak is below it.
 """
 from __future__ import annotations
 
