@@ -16,24 +16,28 @@ prediction adds up what that process holds at the peak, each term a CSV column i
 ``predicted_top_saved`` names the two largest saved tensors of :meth:`memory`, summed over the blocks
 (``"mlp: GELU input"`` is every block's GELU input). The allocator's own overhead, the thread pools'
 buffers and the small tensors of the optimizer's per-parameter loop are not in the prediction: the ratio
-shows them. The sum counts every gradient beside every activation, though backward makes the gradients as it
-frees the activations: where the parameters weigh as much as the activations, the measured peak is below it.
+shows them; memory-only rows measure ``resident_other_mb``, what the process keeps resident after the steps
+beyond its tensors (the CPU kernels' code and caches: tens of MB under bf16 autocast, little in fp32). The sum
+counts every gradient beside every activation, though backward makes the gradients as it frees the
+activations: where the parameters weigh as much as the activations, the measured peak is below it.
 """
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from vitzoo.costs import Saved
+from vitzoo.measure.memory import _file_kb, _malloc_live, _proc_status_kb
 from vitzoo.measure.predicted import MIB, optimizer_state_bytes, parameter_bytes
 
 PREDICTION_COLUMNS = ["predicted_peak_mb", "peak_ratio", "predicted_activation_bytes", "predicted_activation_mb",
                       "predicted_params_mb", "predicted_grads_mb", "predicted_optimizer_mb", "predicted_input_mb",
-                      "predicted_transient_mb", "predicted_top_saved"]
+                      "predicted_transient_mb", "predicted_top_saved", "resident_other_mb"]
 _BLOCK_PREFIX = re.compile(r"^(stages\.\d+\.)?(blocks\.\d+)?[.:]?\s*")  # "stages.0.blocks.1.attn: x" -> "attn: x"
 
 
@@ -106,6 +110,29 @@ def memory_phase(row: dict[str, Any], setup: Any, steps: Any, batch: int) -> Non
         steps.train_step()
     row["train_peak_mb"] = setup.memory.peak_mb()
     add_prediction(row, steps, setup, batch)
+    other = resident_other_mb(setup, steps)
+    if other is not None:
+        row["resident_other_mb"] = other
+
+
+def resident_other_mb(setup: Any, steps: Any) -> Optional[float]:
+    """MiB the process keeps resident after the steps, gradients freed, beyond its parameters, optimizer state and
+    inputs: memory no tensor holds (the CPU kernels' code and caches; bf16 autocast's are the larger), measured.
+
+    Args:
+        setup: the worker's ``_Setup`` (its live :class:`~vitzoo.measure.memory.PeakMemory` baseline);
+        steps: the model's ``_ModelSteps`` after the training steps. None off a Linux CPU live measurement.
+    """
+    mem = setup.memory
+    if not getattr(mem, "live", False) or not getattr(mem, "hwm", False):
+        return None
+    steps.opt.zero_grad(set_to_none=True)
+    gc.collect()
+    _malloc_live(True)  # return freed blocks to the system, as during the measured phase
+    resident = (_proc_status_kb("VmRSS") - (_file_kb() - mem.file_kb if mem.file_kb else 0) - mem.base_kb) / 1024
+    _malloc_live(False)
+    held = parameter_bytes(steps.model) + optimizer_state_bytes(steps.opt)
+    return resident - (held + _tensor_bytes((steps.x, steps.y, steps.x1))) / MIB
 
 
 def add_prediction(row: dict[str, Any], steps: Any, setup: Any, batch: int) -> None:
