@@ -1,8 +1,9 @@
 """Project text: README's figures have one source, and no file tells the history of the work.
 
-README.md quotes measurements (the speed column of "Choosing a backend", the bullets of "Results at a
-glance"); each figure must appear in docs/results.md, where every table names its machine, command,
-commit and date. Project files describe what vitzoo is and does: wording about how it was developed
+README.md quotes measurements (the CIFAR-10 column of "Choosing a backend", whose speed and memory columns
+``scripts/backend_guide.py`` generates from the whole-model benchmark, and the bullets of "Results at a glance");
+each figure must appear in docs/results.md, where every table names its machine, command, commit and date.
+Project files describe what vitzoo is and does: wording about how it was developed
 (numbered attempts, issue numbers, "today") and paths of one machine are errors.
 """
 from __future__ import annotations
@@ -27,7 +28,6 @@ RESULTS = ROOT / "docs" / "results.md"
 BACKENDS = ROOT / "docs" / "backends.md"
 
 NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
-SPEED = re.compile(r"^([\d,.]+) ms, ([\d.]+)×$")
 PROVENANCE = ("**Machine:**", "**Command:**", "**Commit:**", "**Date:**")
 
 ORDINALS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth"
@@ -80,12 +80,6 @@ def readme_backend_rows() -> dict[str, list[str]]:
     return {row[0].strip("`"): row for row in rows if row[0].startswith("`")}
 
 
-def results_layer_rows() -> dict[tuple[str, str], list[str]]:
-    """``{(backend, tokens): cells}`` of docs/results.md's "One attention layer versus tokens" table."""
-    rows = table_rows(section(RESULTS, "One attention layer versus tokens"))
-    return {(row[0], row[1]): row for row in rows if len(row) > 7}
-
-
 def appears(number: str, text: str) -> bool:
     """Whether ``number`` occurs in ``text`` as a whole number (not as part of a longer one).
 
@@ -94,32 +88,6 @@ def appears(number: str, text: str) -> bool:
         text: where to look.
     """
     return re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", text) is not None
-
-
-def test_readme_speed_column_quotes_the_layer_table():
-    """Each backend's "ms, × global" cell equals its 4,096-token row in docs/results.md; a backend not timed at
-    its current definition says "not measured" instead (and then quotes no figure)."""
-    layers = results_layer_rows()
-    backends = readme_backend_rows()
-    assert len(backends) >= 20, "README's backend table lost its rows"
-    measured = 0
-    for name, cells in backends.items():
-        if "not measured" in cells:
-            continue
-        redefined = next((cell for cell in cells if cell.endswith("(see results.md)")), None)
-        if redefined:  # timed in results.md's "The redefined backends" table
-            ratio = redefined.split("×")[0]
-            assert appears(ratio, section(RESULTS, "One attention layer at 4,096 tokens")), f"{name}: {ratio}×"
-            continue
-        speed = next((cell for cell in cells if SPEED.match(cell)), None)
-        assert speed, f"README row {name!r} has neither an 'N ms, R×' speed cell nor 'not measured'"
-        measured += 1
-        ms, ratio = SPEED.match(speed).groups()
-        row = layers.get((name, "4096"))
-        assert row is not None, f"docs/results.md has no 4,096-token row for {name!r}"
-        assert row[3].split()[0] == ms, f"{name}: README {ms} ms, results.md {row[3]}"
-        assert row[7].split()[0] == ratio, f"{name}: README {ratio}×, results.md {row[7]}"
-    assert measured >= 10, "README's speed column lost its measurements"
 
 
 def test_readme_cifar10_column_is_pending_or_quotes_results():
