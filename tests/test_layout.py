@@ -239,3 +239,10 @@ def test_wheel_lists_every_package_and_ships_the_top_level_configs():
     assert set(setup["packages"]) == folders | {"vitzoo.conf"}
     assert setup["package-dir"] == {"vitzoo.conf": "configs"}
     assert (ROOT / "configs" / "train.yaml").is_file() and not (ROOT / "vitzoo" / "conf").exists()
+
+
+def test_test_files_have_distinct_names():
+    """pytest imports test files without packages by their file name: two files of one name in different folders
+    fail to import ("import file mismatch")."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
