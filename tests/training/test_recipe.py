@@ -55,8 +55,9 @@ def test_cifar10_vit_recipe_trains_with_device_augment_mixup_and_ema(tmp_path):
     assert cfg.data.device_augment and cfg.data.cache and cfg.optim.warmup_fraction == 0.05
     results = train(cfg)
     assert results["status"] == "finished" and results["epochs"] == 2
-    # beside the measured peak, the predicted one: parameters, gradients, AdamW state and model.memory()'s bytes
-    assert results["peak_memory_mb"] > 0 and results["predicted_activation_bytes"] > 0
+    # beside the measured peak (a live-memory delta: a model this small can measure 0 MB), the predicted one:
+    # parameters, gradients, AdamW state and model.memory()'s bytes
+    assert results["peak_memory_mb"] >= 0 and results["predicted_activation_bytes"] > 0
     assert results["predicted_peak_mb"] * 2**20 > results["predicted_activation_bytes"]
     assert len(list((tmp_path / "cache").glob("*.pt"))) == 1
     ckpt = torch.load(results["best_ckpt"], map_location="cpu", weights_only=True)
