@@ -67,9 +67,10 @@ def counted(model: torch.nn.Module, grid: tuple[int, int], amp, outside: str = "
     with torch.autocast("cpu", dtype=amp or torch.bfloat16, enabled=amp is not None):
         with SavedTensorCounter(model) as counter:
             logits = model(x)
-            total = sum(r.nbytes for r in counter.records if r.kind == "activation" and not r.freed
-                        and outside not in (r.module.split(".") if outside else ()))
-            table = counter.table()
+    # read once the counter closed (its freed marks set), the logits still alive
+    total = sum(r.nbytes for r in counter.records if r.kind == "activation" and not r.freed
+                and outside not in (r.module.split(".") if outside else ()))
+    table = counter.table()
     del logits
     return total, table
 
