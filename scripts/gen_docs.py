@@ -15,8 +15,9 @@ Sources, one generator each:
 * the ``--memory-only`` benchmark runs under ``results/benchmark/memory/``: docs/results.md's memory table
   (:mod:`vitzoo.bench.peak_table`).
 
-A generator whose data is not committed yet is skipped with one line. ``--check`` also fails when a figure of
-README's "Results at a glance" (a number with a unit) is in no generated block.
+A generator whose data is not committed yet is skipped with one line. ``--check`` also fails when a figure (a
+number with a unit) of README's "Results at a glance" or of docs/results.md's text outside its generated blocks is
+in no generated block, naming the file, line and figure.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +46,7 @@ FLOPS_END = "<!-- generated:flops-formulas:end -->"
 RESULTS = "docs/results.md"  # relative to the checkout, as the generated blocks name their sources
 README = "README.md"
 SUMMARY = "Results at a glance"  # README's section whose figures must be in a generated block
+PROSE_SKIP = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)  # fenced code and code spans: commands, not figures
 RANKINGS = (("results/cifar10_short", "cifar10-short-ranking"), ("results/cifar10", "cifar10-ranking"))
 LONG_RUN = "results/cifar10/50ep/vit_cifar/global/seed0.json"  # the convergence run (scripts/convergence.py)
 TEN = "results/cifar10/10ep/vit_cifar/global"
@@ -117,16 +120,38 @@ def refresh_records(check: bool) -> tuple[list[str], list[str]]:
     return lines, changed
 
 
-def readme_figures() -> list[str]:
-    """Figures of README's results in brief that no generated block of README or docs/results.md holds."""
-    readme = read_docs(README)
-    marker = f"\n## {SUMMARY}\n"
-    if marker not in readme:
-        raise ConfigError(f"{README}: no '## {SUMMARY}' section")
-    summary = readme.split(marker, 1)[1].split("\n## ", 1)[0]
-    generated = results_tables.generated_text(readme) + results_tables.generated_text(read_docs(RESULTS))
-    return [f"{README}: '{SUMMARY}' quotes {f}, which no generated block holds"
-            for f in results_tables.unquoted_figures(summary, generated)]
+def prose_figures(doc: str, section: Optional[str] = None) -> list[str]:
+    """Figures of ``doc``'s prose that no generated block of README or docs/results.md holds, one line each.
+
+    A figure is what :data:`vitzoo.bench.results_tables.FIGURE` matches (a number or range with a unit); the prose
+    is the text outside the generated blocks, code spans and fenced code; a figure may wrap onto the next line.
+
+    Args:
+        doc: the Markdown file, relative to the current folder; section: the ``## `` heading whose text alone is
+            checked (README's results in brief), or None for the whole file.
+    """
+    text = read_docs(doc)
+    generated = results_tables.generated_text(read_docs(README)) + results_tables.generated_text(read_docs(RESULTS))
+    # blocks, fences and code spans blanked to their line breaks, so each position keeps its line number
+    prose = PROSE_SKIP.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), results_tables.BLOCK.sub(
+        lambda m: "\n" * m.group(0).count("\n"), text))
+    start, end, where = 0, len(prose), "the text outside the generated blocks"
+    if section is not None:
+        marker = f"\n## {section}\n"
+        if marker not in prose:
+            raise ConfigError(f"{doc}: no '## {section}' section")
+        start = prose.index(marker) + len(marker)
+        end = prose.find("\n## ", start) if "\n## " in prose[start:] else len(prose)
+        where = f"'{section}'"
+    # every run of white space read as one space, so a figure may wrap; pieces[k] is the k-th character read
+    pieces = list(re.finditer(r"\s+|\S", prose[start:end]))
+    flat = "".join(" " if piece.group(0).isspace() else piece.group(0) for piece in pieces)
+    problems = []
+    for m in results_tables.FIGURE.finditer(flat):
+        line = prose.count("\n", 0, start + pieces[m.start()].start()) + 1
+        problems += [f"{doc}, line {line}: {where} quotes {figure}, which no generated block holds"
+                     for figure in results_tables.unquoted_figures(m.group(0), generated)]
+    return problems
 
 
 @contextlib.contextmanager
@@ -150,9 +175,12 @@ def results(root: Path, check: bool) -> tuple[list[str], list[str]]:
         lines = ([f"{RESULTS}: the measured tables match {source}"] if not tables else
                  [] if check else [f"{RESULTS}: wrote {len(tables)} measured table(s) from {source}"])
         more, changed = refresh_records(check)
-        figures = readme_figures()
-    if not figures:
+        summary, prose = prose_figures(README, SUMMARY), prose_figures(RESULTS)
+    if not summary:
         lines.append(f"{README}: every figure of '{SUMMARY}' is in a generated block")
+    if not prose:
+        lines.append(f"{RESULTS}: every figure outside the generated blocks is in one")
+    figures = summary + prose
     return lines + more, (tables if check else []) + changed + figures
 
 
