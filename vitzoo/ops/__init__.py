@@ -8,6 +8,7 @@ here and are picked through one dispatch (:mod:`.dispatch`: ``select(op, ...)``)
   from the fused projection ``qkv`` to merged heads, recomputing in backward.
 * :mod:`.exp_shift`: FAVOR+'s ``exp(proj - shift)`` with a lean backward.
 * :mod:`.gather`, :mod:`.halo`: blocked sparse attention over gathered key lists and haloed query blocks.
+* :mod:`.axial`: one pass of axial attention (rows or columns) from the fused projection in one autograd node.
 * :mod:`.common`: the exp2 scale and (image, head) chunking they share.
 
 The compiled CPU kernels (:mod:`vitzoo.cpu_kernels`) are called from here only. This package imports

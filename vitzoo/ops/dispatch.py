@@ -19,6 +19,8 @@ Ops and the arguments :func:`select` takes for them:
 * ``block_function`` ``(q, k, v, k_glob, v_glob)``: inside ``block_attention``'s autograd Function, ``cpu_kernel``
   (the compiled block kernel) or ``flash_cpu`` (torch's CPU flash attention per chunk of blocks).
 * ``feature_attention`` ``(kind, qkv, omega, scale)``: ``cpu_kernel`` (the compiled feature kernel) or ``torch``.
+* ``axial_pass`` ``(qkv, p_drop)``: ``autograd_function`` (:mod:`vitzoo.ops.axial`: CPU training without attention
+  dropout, eager) or ``sdpa`` (the backend's per-line SDPA).
 * ``fused_qkv`` ``()``: ``plain_forward`` under ``torch.jit.trace`` (which cannot record an autograd Function)
   or ``autograd_function`` (efficient, feature-map and Linformer attention from the fused projection).
 """
@@ -86,6 +88,12 @@ def _block_kernel(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_g
     return p_drop == 0.0 and block_kernel.usable(q, k, v, k_glob, v_glob)
 
 
+def _axial_function(qkv: Tensor, p_drop: float) -> bool:
+    """Training on the CPU without attention dropout, eager (not traced or compiled)."""
+    cpu = qkv.device.type == "cpu" and p_drop == 0.0 and not tracing()
+    return cpu and torch.is_grad_enabled() and not torch.jit.is_tracing() and qkv.requires_grad
+
+
 TABLE: dict[str, tuple[Rule, ...]] = {
     "window_attention": (("cpu_core", _window_core), ("sdpa", _always)),
     "sparse_pattern": (("flex", _flex), ("blocked", _always)),
@@ -93,6 +101,7 @@ TABLE: dict[str, tuple[Rule, ...]] = {
                         ("cpu_kernel", _block_kernel), ("sdpa", _always)),
     "block_function": (("cpu_kernel", block_kernel.usable), ("flash_cpu", _always)),
     "feature_attention": (("cpu_kernel", feature_kernel.usable), ("torch", _always)),
+    "axial_pass": (("autograd_function", _axial_function), ("sdpa", _always)),
     "fused_qkv": (("plain_forward", torch.jit.is_tracing), ("autograd_function", _always)),
 }
 

@@ -19,7 +19,9 @@ class token takes part in both passes like a global token of each. With ``shared
 prefix keys in the row pass only and a prefix token's output is its row-pass read of all N tokens.
 
 Both passes run as fused scaled-dot-product attention over batches of rows and of columns; cost
-N·(H + W) per head and channel, :attr:`AxialAttention.formula`.
+N·(H + W) per head and channel, :attr:`AxialAttention.formula`. With ``separate`` projections, CPU training runs
+each pass as one autograd node (:mod:`vitzoo.ops.axial`) that keeps for backward only the pass's q|k|v projection
+output, its output (the next projection's input) and the log-sum-exp.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check
 from vitzoo.attention.functional import sdpa
 from vitzoo.costs import Saved, itemsize
+from vitzoo.ops import axial as axial_ops
+from vitzoo.ops import dispatch
 
 PROJECTIONS = ("separate", "shared")
 
@@ -71,11 +75,27 @@ class AxialAttention(QKVAttention):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         if not self.separate:
             return super().forward(x, grid)
-        B, N, C = x.shape
-        o = self.line_attention(*self.split_heads(x), grid, rows=True)  # [B, h, N, d]
-        y = o.transpose(1, 2).reshape(B, N, C)  # [B, N, C]: heads concatenated, the column pass's input
-        o = self.line_attention(*self.to_heads(self.qkv_col(y), 3), grid, rows=False)  # [B, h, N, d]
-        return self.merge_heads(o)
+        y = self.line_pass(self.qkv(x), grid, rows=True)  # [B, N, C]: heads concatenated, the column pass's input
+        return self.proj_drop(self.proj(self.line_pass(self.qkv_col(y), grid, rows=False)))
+
+    def line_pass(self, qkv: Tensor, grid: Grid, rows: bool) -> Tensor:
+        """One ``separate`` pass from its q|k|v projection output: :func:`vitzoo.ops.axial.line_pass` where
+        :mod:`vitzoo.ops.dispatch` picks it (``axial_pass``), else :meth:`line_attention`.
+
+        Args:
+            qkv: ``[B, N, 3C]``, prefix tokens first.
+            grid: the token grid (H, W).
+            rows: attend along the rows (else along the columns).
+
+        Returns:
+            ``[B, N, C]``: the heads' outputs side by side.
+        """
+        drop = self.attn_drop.p if self.training else 0.0
+        if dispatch.select("axial_pass", qkv, drop) == "autograd_function":
+            return axial_ops.line_pass(qkv, self.num_heads, grid, self.num_prefix, rows)
+        B, N, _ = qkv.shape
+        o = self.line_attention(*self.to_heads(qkv, 3), grid, rows)  # [B, h, N, d]
+        return o.transpose(1, 2).reshape(B, N, self.dim)  # [B, N, C]
 
     def line_attention(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid, rows: bool) -> Tensor:
         """One axial pass: each grid token attends to its row (``rows``) or column plus the prefix tokens, each
@@ -154,16 +174,22 @@ class AxialAttention(QKVAttention):
         items = self.projection_memory(self.seq_len(grid), batch, amp)
         if not self.separate:
             return items + self.attend_memory(grid, batch, amp)
-        C, size = self.dim, itemsize(amp)
-        items += [Saved("qkv_col input", batch * self.seq_len(grid) * C, size)]  # [B, N, C]: the row pass's heads
+        B, h, C, P, N, size = batch, self.num_heads, self.dim, self.num_prefix, self.seq_len(grid), itemsize(amp)
+        # the passes' outputs are the inputs of qkv_col and of proj (listed above): one storage each
+        items += [Saved("qkv_col input (the row pass's output)", B * N * C, size)]  # [B, N, C]
         if amp is not None:
             items += [Saved("qkv_col weight (autocast copy)", 3 * C * C, size)]  # [3C, C]
-        return items + self.line_memory(grid, batch, amp, "row") + self.line_memory(grid, batch, amp, "column")
+        for axis, proj in (("row", "qkv"), ("column", "qkv_col")):  # what each pass's autograd node keeps
+            items += [Saved(f"{axis} q|k|v ({proj} output)", B * N * 3 * C, size),  # [B, N, 3C]
+                      Saved(f"{axis} log-sum-exp", B * h * grid[0] * grid[1], 4)]  # [B, h·lines, length] fp32
+            if P:
+                items.append(Saved(f"{axis} prefix log-sum-exp", B * h * P, 4))  # [B, h, P] fp32
+        return items
 
     def line_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype], axis: str) -> list[Saved]:
-        """What one pass of :meth:`line_attention` keeps: its fused SDPA's per-line q, k, v (copies: the heads
-        do not merge with the lines in the projection's layout), output and log-sum-exp, and with prefix tokens
-        the prefix rows' SDPA, which saves the q|k|v projection output itself.
+        """What one pass of :meth:`line_attention` keeps (``shared``'s row pass): its fused SDPA's per-line q, k, v
+        (copies: the heads do not merge with the lines in the projection's layout), output and log-sum-exp, and
+        with prefix tokens the prefix rows' SDPA, which saves the q|k|v projection output itself.
 
         Args:
             grid: (H, W); batch: images; amp: autocast dtype or None; axis: ``"row"`` or ``"column"``.

@@ -76,7 +76,7 @@ from vitzoo.attention.sparse.neighbourhood import (
     NeighbourhoodAttention,
     check_num_global_option,
 )
-from vitzoo.costs import Saved, casts_input, itemsize
+from vitzoo.costs import Saved, itemsize
 
 GLOBAL_PROJECTIONS = ("separate", "shared")  # values of attention.global_projections
 GLOBAL_TOKENS = ("persistent", "per_layer")  # values of attention.global_tokens
@@ -180,6 +180,7 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
         """
         P, C = self.num_prefix, self.dim
         (w, bias), (wg, bias_g) = ((m.weight, m.bias) for m in (self.qkv, self.qkv_global))
+        x = _autocast_copy(x)  # one copy that every product reads (each would cast x apart)
         q = F.linear(x[:, P:], w[:C], None if bias is None else bias[:C])  # grid queries: [B, L, C]
         if P:
             q_pre = F.linear(x[:, :P], wg[:C], None if bias_g is None else bias_g[:C])  # prefix queries: [B, P, C]
@@ -200,10 +201,10 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
 
     def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype],
                           input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
-        """With ``qkv_global``, what :meth:`split_rows` keeps: the input ``x`` (of K_s, V_s and K_g, V_g), the
-        grid rows' and the prefix rows' inputs where they are copies (a slice across images: ``B > 1``; under
-        autocast with an fp32 input always: each product casts its slice apart) and, under autocast, each weight
-        slice's copy.
+        """With ``qkv_global``, what :meth:`split_rows` keeps: the input ``x`` (of K_s, V_s and K_g, V_g; under
+        autocast with an fp32 input its one autocast copy, which every product reads), the grid rows' and the
+        prefix rows' inputs where they are copies (a slice across images: ``B > 1``) and, under autocast, each
+        weight slice's copy.
 
         Args:
             n: tokens N = P + H·W; batch: images; amp: autocast dtype or None; input_dtype: the input's dtype
@@ -213,16 +214,11 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
             return super().projection_memory(n, batch, amp, input_dtype)
         B, C, P, size = batch, self.dim, self.num_prefix, itemsize(amp)
         items = [Saved("qkv input", B * n * C, size), Saved("proj input", B * n * C, size)]  # [B, N, C] each
-        if not casts_input(amp, input_dtype):  # every product reads x or a slice of it
-            if P and B > 1:  # x[:, P:] flattened for the grid queries: [B·L, C]
-                items.append(Saved("grid queries' input (copy)", B * (n - P) * C, size))
-            if P > 1 and B > 1:  # x[:, :P] flattened for the prefix queries: [B·P, C]
-                items.append(Saved("prefix queries' input (copy)", B * P * C, size))
-        else:
-            items += [Saved("global k|v input (its own autocast copy)", B * n * C, size),  # [B, N, C]: a second product
-                      Saved("grid queries' input (autocast copy)", B * (n - P) * C, size)]  # [B, L, C]
-            if P:
-                items.append(Saved("prefix queries' input (autocast copy)", B * P * C, size))  # [B, P, C]
+        # every product reads x (or its one autocast copy) or a slice of it
+        if P and B > 1:  # x[:, P:] flattened for the grid queries: [B·L, C]
+            items.append(Saved("grid queries' input (copy)", B * (n - P) * C, size))
+        if P > 1 and B > 1:  # x[:, :P] flattened for the prefix queries: [B·P, C]
+            items.append(Saved("prefix queries' input (copy)", B * P * C, size))
         if amp is not None:
             items += [Saved("q weight rows (autocast copy)", C * C, size),  # [C, C]
                       Saved("k|v weight rows (autocast copy)", 2 * C * C, size),  # [2C, C]
@@ -257,3 +253,13 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads, "
                 f"global_tokens={self.global_form}, global_projections={self.cfg.global_projections}")
+
+
+def _autocast_copy(x: Tensor) -> Tensor:
+    """``x`` in the autocast dtype where autocast is on for its device and would cast it (a float32 or float16
+    tensor), else ``x``: the copy autocast makes for each op reading ``x``, made once."""
+    device = x.device.type
+    if device == "meta" or not torch.is_autocast_enabled(device):  # autocast leaves meta tensors as they are
+        return x
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype) if x.is_floating_point() and x.dtype not in (dtype, torch.float64) else x
