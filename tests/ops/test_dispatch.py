@@ -14,7 +14,7 @@ from vitzoo.registry import ConfigError
 
 def test_every_op_ends_with_a_path_that_always_applies():
     """select never runs out of implementations: the last rule of each op holds for any call."""
-    assert set(TABLE) == {"window_attention", "sparse_pattern", "block_attention", "block_function",
+    assert set(TABLE) == {"window_attention", "sparse_pattern", "block_attention", "halo_scores", "block_function",
                           "feature_attention", "axial_pass", "fused_qkv"}
     for op in TABLE:
         names = implementations(op)
@@ -58,6 +58,24 @@ def test_block_attention_paths():
         assert select("block_attention", q, q, q, None, None, 0.1) == "sdpa"
         expected = "cpu_kernel" if loader.extension("block_attention") is not None else "sdpa"
         assert select("block_attention", q, q, q, None, None, 0.0) == expected
+
+
+def test_halo_scores_paths():
+    """The biased halo path recomputes in backward when training without dropout; inference, dropout and tracing
+    record the plain ops."""
+    q = torch.zeros(1, 2, 8, 4, requires_grad=True)
+    assert select("halo_scores", q, q, q, 0.0) == "autograd_function"
+    assert select("halo_scores", q, q, q, 0.1) == "plain"
+    with torch.no_grad():
+        assert select("halo_scores", q, q, q, 0.0) == "plain"
+    seen = []
+
+    def probe(x):
+        seen.append(select("halo_scores", x, x, x, 0.0))
+        return x * 2
+
+    torch.jit.trace(probe, q, check_trace=False)
+    assert seen == ["plain"]
 
 
 @pytest.mark.parametrize("op,args", [

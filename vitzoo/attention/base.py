@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitzoo.costs import Saved, casts_input, itemsize
+from vitzoo.costs import Saved, itemsize
 from vitzoo.registry import ConfigError
 
 Grid = tuple[int, int]
@@ -290,10 +290,11 @@ class QKVAttention(TokenMixer):
 
     def split_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``x[B, N, C] -> q, k, v`` each ``[B, h, N, d]``: one product with the fused weight, or with
-        ``separate_q`` two (q, then k|v), whose outputs are freed apart: q's as soon as nothing saves q."""
+        ``separate_q`` two (q, then k|v), whose outputs are freed apart: q's as soon as nothing saves q. Both
+        read one autocast copy of ``x`` (:func:`autocast_input`)."""
         if not self.separate_q:
             return self.to_heads(self.qkv(x), 3)
-        C, bias = self.dim, self.qkv.bias
+        x, C, bias = autocast_input(x), self.dim, self.qkv.bias
         w_q, w_kv = self.qkv.weight.split([C, 2 * C])
         b_q, b_kv = (None, None) if bias is None else bias.split([C, 2 * C])
         return (*self.to_heads(F.linear(x, w_q, b_q)), *self.to_heads(F.linear(x, w_kv, b_kv), 2))
@@ -315,9 +316,10 @@ class QKVAttention(TokenMixer):
 
     def projection_memory(self, n: int, batch: int, amp: Optional[torch.dtype],
                           input_dtype: Optional[torch.dtype] = None) -> list[Saved]:
-        """What the two projections keep: each one's input (an autocast copy under ``amp`` of an fp32 input, the
-        input itself when it is in the autocast dtype) and, under ``amp``, its weight's autocast copy. The q/k/v
-        output is the attend's to list (it saves views of it).
+        """What the two projections keep: the q/k/v projection's input (an autocast copy under ``amp`` of an fp32
+        input, one for q and k|v with ``separate_q``; the input itself when it is in the autocast dtype), the
+        output projection's and, under ``amp``, each weight's autocast copy. The q/k/v output is the attend's to
+        list (it saves views of it).
 
         Args:
             n: tokens per image; batch: images; amp: autocast dtype or ``None``; input_dtype: the input's dtype
@@ -328,8 +330,6 @@ class QKVAttention(TokenMixer):
         if amp is not None:
             items += [Saved("qkv weight (autocast copy)", 3 * C * C, size),
                       Saved("proj weight (autocast copy)", C * C, size)]
-            if self.separate_q and casts_input(amp, input_dtype):  # two products, each casting the input apart
-                items.append(Saved("k|v input (its own autocast copy)", batch * n * C, size))
         return items
 
     def memory(self, grid: Optional[Grid] = None, batch: int = 1, amp: Optional[torch.dtype] = None,
@@ -355,3 +355,13 @@ class QKVAttention(TokenMixer):
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:  # pragma: no cover
         raise NotImplementedError
+
+
+def autocast_input(x: Tensor) -> Tensor:
+    """``x`` in the autocast dtype where autocast is on for its device and would cast it (float32 or float16), else
+    ``x``: the copy autocast makes for each op that reads a non-leaf ``x``, made once for several."""
+    device = x.device.type
+    if device == "meta" or not torch.is_autocast_enabled(device):  # autocast leaves meta tensors as they are
+        return x
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype) if x.dtype in (torch.float32, torch.float16) and x.dtype != dtype else x

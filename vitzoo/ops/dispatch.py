@@ -16,6 +16,8 @@ Ops and the arguments :func:`select` takes for them:
 * ``block_attention`` ``(q, k, v, k_glob, v_glob, p_drop)``: ``autograd_function`` (CPU training: recomputed
   from the log-sum-exp), ``checkpoint`` (training elsewhere), ``cpu_kernel`` (inference through the compiled
   block kernel) or ``sdpa``.
+* ``halo_scores`` ``(q, k, v, p_drop)``: ``autograd_function`` (training without attention dropout, not traced:
+  blocks and probabilities recomputed in backward from the log-sum-exp) or ``plain`` (the ops autograd records).
 * ``block_function`` ``(q, k, v, k_glob, v_glob)``: inside ``block_attention``'s autograd Function, ``cpu_kernel``
   (the compiled block kernel) or ``flash_cpu`` (torch's CPU flash attention per chunk of blocks).
 * ``feature_attention`` ``(kind, qkv, omega, scale)``: ``cpu_kernel`` (the compiled feature kernel) or ``torch``.
@@ -83,6 +85,11 @@ def _block_function(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v
     return _training(q, k, v) and cpu
 
 
+def _halo_function(q: Tensor, k: Tensor, v: Tensor, p_drop: float) -> bool:
+    """Training without attention dropout, eager (not traced or compiled)."""
+    return p_drop == 0.0 and not tracing() and _training(q, k, v)
+
+
 def _block_kernel(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor],
                   p_drop: float) -> bool:
     return p_drop == 0.0 and block_kernel.usable(q, k, v, k_glob, v_glob)
@@ -99,6 +106,7 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     "sparse_pattern": (("flex", _flex), ("blocked", _always)),
     "block_attention": (("autograd_function", _block_function), ("checkpoint", _training),
                         ("cpu_kernel", _block_kernel), ("sdpa", _always)),
+    "halo_scores": (("autograd_function", _halo_function), ("plain", _always)),
     "block_function": (("cpu_kernel", block_kernel.usable), ("flash_cpu", _always)),
     "feature_attention": (("cpu_kernel", feature_kernel.usable), ("torch", _always)),
     "axial_pass": (("autograd_function", _axial_function), ("sdpa", _always)),

@@ -87,11 +87,12 @@ class LocalAttention(NeighbourhoodAttention):
             trunc_normal_(self.rel_pos_bias, std=0.02)
         self.setup()
 
-    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
-        """The relative position bias of each (query slot, halo slot): ``[heads, blocks, S, K]``."""
+    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[tuple[Tensor, Tensor]]:
+        """The relative position bias of each (query slot, halo slot): the heads' table ``[heads, (2k-1)²]`` and
+        the entry ``group.rel[blocks, S, K]`` each slot reads."""
         if self.rel_pos_bias is None:
             return None
-        return self.rel_pos_bias[heads].flatten(1)[:, group.rel]  # [heads, (2k-1)²] -> [heads, blocks, S, K]
+        return self.rel_pos_bias[heads].flatten(1), group.rel  # [heads, 2k-1, 2k-1] -> [heads, (2k-1)²]
 
     def offset_tables(self, grid: Grid) -> tuple[Tensor, Tensor]:
         """Per-axis relative offsets ``(key - query) // δ + k - 1`` clamped to ``0..2k-2``: ``[H, H]``, ``[W, W]``."""

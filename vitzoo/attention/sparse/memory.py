@@ -3,8 +3,8 @@
 :func:`pattern_memory` lists what one training forward of the pattern keeps for backward, each storage once
 (:class:`vitzoo.costs.Saved`), following the same choices the forward makes: the block path that
 :mod:`vitzoo.ops.dispatch` picks (``autograd_function`` keeps the blocks' log-sum-exp, ``checkpoint`` under
-autocast only its inputs), halo groups with a relative position bias written out as scores
-(:func:`vitzoo.ops.halo.halo_scores`), dense and gathered head groups, global rows and learned tokens. Attention
+autocast only its inputs), halo groups with a relative position bias (:func:`vitzoo.ops.halo.halo_scores`:
+its autograd Function keeps a log-sum-exp), dense and gathered head groups, global rows and learned tokens. Attention
 dropout is taken as 0 (the default): with dropout the fused kernels do not run.
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def pattern_memory(attn: Any, grid: Grid, batch: int, amp: Optional[torch.dtype]
             with torch.no_grad():  # the forward writes the scores out where the group has a bias
                 biased = attn.halo_bias(group, slice(0, c)) is not None
             if biased:
-                halo_scores_memory(kept, group, (B, h, c, d), G, index, amp)
+                halo_scores_memory(kept, ((q_name, q_numel), (k_name, k_numel)), group, (B, h, c, d), G, index, amp)
                 continue
             kept.add(q_name, q_numel, size)
             kept.add(k_name, k_numel, size)
@@ -125,25 +125,22 @@ def pattern_memory(attn: Any, grid: Grid, batch: int, amp: Optional[torch.dtype]
     return kept.list()
 
 
-def halo_scores_memory(kept: Kept, group: HaloGroup, dims: tuple[int, int, int, int], G: int, index: int,
-                       amp: Optional[torch.dtype]) -> None:
-    """What :func:`vitzoo.ops.halo.halo_scores` keeps for a group of c heads: the gathered blocks, the mask, the
-    probabilities (fp32: softmax runs in fp32 under autocast) and, under autocast, their bf16 copies.
+def halo_scores_memory(kept: Kept, names: tuple[tuple[str, int], tuple[str, int]], group: HaloGroup,
+                       dims: tuple[int, int, int, int], G: int, index: int, amp: Optional[torch.dtype]) -> None:
+    """What :func:`vitzoo.ops.halo.halo_scores` keeps for a group of c heads in training without dropout (its
+    autograd Function): q, k, v (views of the projection outputs), the global keys/values and the log-sum-exp of
+    each query slot (fp32: the scores are in the bias' precision); the bias table, its indices, the mask and the
+    ids are the module's own.
 
     Args:
-        kept: the storages so far; group: the halo group; dims: (B, h, c, d), images, all heads, the group's
-        heads, head width; G: global keys; index: the group's place; amp: autocast dtype or None.
+        kept: the storages so far; names: (name, elements) of q's and of k|v's projection output storage;
+        group: the halo group; dims: (B, h, c, d), images, all heads, the group's heads, head width; G: global
+        keys; index: the group's place; amp: autocast dtype or None.
     """
-    (B, h, c, d), (nb, S, K), size = dims, group.mask.shape, itemsize(amp)
-    kept.add(f"group {index} queries (blocks)", B * c * nb * S * d, size)  # [B, c, blocks·S, d]
-    kept.add(f"group {index} keys (halos)", B * c * nb * K * d, size)  # [B·c·blocks, d, K]
-    kept.add(f"group {index} values (halos)", B * c * nb * K * d, size)  # [B·c·blocks, K, d]
-    kept.add(f"group {index} halo mask (negated)", nb * S * K, 1)  # [blocks, S, K] bool
-    kept.add(f"group {index} probabilities", B * c * nb * S * (G + K), 4)  # [B, c, blocks, S, G + K] fp32
+    (B, h, c, d), (nb, S, _), size = dims, group.mask.shape, itemsize(amp)
+    for name, numel in names:
+        kept.add(name, numel, size)
     if G:  # every group's heads are views of one storage
         kept.add("global keys", B * h * G * d, size)  # [B, h, G, d]
         kept.add("global values", B * h * G * d, size)
-    if amp is not None:  # the probabilities cast for the AV matmuls
-        kept.add(f"group {index} halo probabilities (autocast copy)", B * c * nb * S * K, size)  # [B·c·blocks, S, K]
-        if G:
-            kept.add(f"group {index} global probabilities (autocast copy)", B * c * nb * S * G, size)
+    kept.add(f"group {index} halo log-sum-exp", B * c * nb * S, 4)  # [B, c, blocks, S] fp32

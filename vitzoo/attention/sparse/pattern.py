@@ -340,9 +340,9 @@ class SparsePatternAttention(QKVAttention):
                 flops += 2 * group.heads * Q * S * group.keys.shape[-1] * d
         return flops
 
-    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[Tensor]:
-        """Additive ``[heads, blocks, S, K]`` scores of a halo group's heads;
-        None: no bias (overridden by ``local``)."""
+    def halo_bias(self, group: HaloGroup, heads: slice) -> Optional[tuple[Tensor, Tensor]]:
+        """Relative position bias of a halo group's heads: a table ``[heads, T]`` and the entry ``[blocks, S, K]``
+        each halo score adds (:data:`vitzoo.ops.halo.RelBias`); None: no bias (overridden by ``local``)."""
         return None
 
     def grid_bias(self, grid: Grid) -> Optional[Tensor]:
