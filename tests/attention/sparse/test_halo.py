@@ -16,6 +16,8 @@ from vitzoo.attention import ConfigError
 from vitzoo.attention.sparse.geometry import axis_mask
 from vitzoo.attention.sparse.halo import HaloGroup, axis_plan
 from vitzoo.attention.sparse.pattern import SparsePatternAttention
+from vitzoo.ops import select
+from vitzoo.ops.halo import halo_scores
 
 SPARSE = backends("sparse", SparsePatternAttention)
 AXES = [
@@ -116,6 +118,30 @@ def test_relative_position_bias_matches_reference(name, grid, prefix, kernel):
         torch.testing.assert_close(attn(x, grid), attn.reference(x, grid), rtol=1e-6, atol=1e-8)
     attn(x, grid).sum().backward()
     assert attn.rel_pos_bias.grad is not None and attn.rel_pos_bias.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("num_global", [0, 2])
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_biased_halo_function_gradcheck(num_global, dilation):
+    """The biased halo path's autograd Function (blocks and probabilities recomputed from the log-sum-exp in
+    backward) against numerical gradients for q, k, v, the global keys/values and the bias table; its output is the
+    plain path's."""
+    torch.manual_seed(0)
+    grid, c, d, k = (6, 7), 2, 4, 3
+    group = HaloGroup(c, grid, k, (dilation, dilation), "shift", offsets=True).double()
+    L = grid[0] * grid[1]
+    q, kk, v = (torch.randn(2, c, L, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    k_glob, v_glob = (torch.randn(2, c, num_global, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    table = torch.randn(c, (2 * k - 1) ** 2, dtype=torch.float64, requires_grad=True)
+
+    def fn(q, kk, v, k_glob, v_glob, table):
+        return halo_scores(q, kk, v, group, k_glob, v_glob, 0.5, None, (table, group.rel))
+
+    assert select("halo_scores", q, kk, v, 0.0) == "autograd_function"
+    assert torch.autograd.gradcheck(fn, (q, kk, v, k_glob, v_glob, table))
+    with torch.no_grad():  # inference records the plain ops
+        plain = fn(q, kk, v, k_glob, v_glob, table)
+    torch.testing.assert_close(fn(q, kk, v, k_glob, v_glob, table), plain, rtol=0, atol=0)
 
 
 def test_dilated_bias_is_indexed_in_steps_of_the_dilation():
