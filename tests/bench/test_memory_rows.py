@@ -36,11 +36,16 @@ def test_memory_only_rows_carry_the_measured_peak_and_a_positive_prediction(tmp_
     assert [(r["img_size"], r["tokens"]) for r in rows] == [("32", "65")] * 4 + [("16", "64")] * 4
     by_amp = {(r["model"], r["backend"], r["amp"]): float(r["predicted_activation_mb"]) for r in rows}
     assert by_amp[("vit_cifar", "global", "bf16")] != by_amp[("vit_cifar", "global", "none")]  # autocast's saved set
+    kernels = {(r["model"], r["backend"], r["amp"]): int(r["predicted_kernels"]) for r in rows}
+    assert kernels[("swin_cifar", "global", "bf16")] > kernels[("vit_cifar", "global", "bf16")]  # three stages' shapes
     for r in rows:
         assert r["train_img_s"] == r["gmacs"] == r["infer_peak_mb"] == ""
         assert r["train_peak_mb"] != ""
         assert all(float(r[k]) > 0 for k in TERMS if k != "predicted_transient_mb")
-        assert float(r["predicted_peak_mb"]) == pytest.approx(sum(float(r[k]) for k in TERMS))
+        # the kernel caches of the step's distinct matmul / convolution calls, replayed in a fresh process
+        assert int(r["predicted_kernels"]) > 0 and float(r["predicted_runtime_mb"]) >= 0
+        assert float(r["predicted_peak_mb"]) == pytest.approx(
+            sum(float(r[k]) for k in TERMS) + float(r["predicted_runtime_mb"]))
         assert int(r["predicted_activation_bytes"]) == pytest.approx(float(r["predicted_activation_mb"]) * 2**20)
         assert float(r["predicted_grads_mb"]) == pytest.approx(float(r["predicted_params_mb"]))
         # AdamW after two steps: two fp32 moments per parameter and one step count per parameter tensor
@@ -137,6 +142,14 @@ def test_memory_table_lists_predicted_measured_and_ratio_per_backend_tokens_and_
                          "With the memory the process keeps beyond its tensors after the steps (measured, "
                          "`resident_other_mb`: the CPU kernels' code and caches) added to the prediction: "
                          "6 of 6 within 15 %.")
+
+
+def test_the_resident_line_adds_only_what_the_kernel_cache_term_leaves_out():
+    row = {**_row("global", "swin_cifar", 64, "30.0", "60.0"), "precision": "bf16", "resident_other_mb": "28.0"}
+    assert pt.ratios([row], other=True)[0][0] == pytest.approx(60 / 58)
+    row["predicted_runtime_mb"] = "25.0"  # already in predicted_peak_mb: 3 MB left to add
+    assert pt.ratios([row], other=True)[0][0] == pytest.approx(60 / 33)
+    assert pt.ratios([{**row, "predicted_runtime_mb": "40.0"}], other=True)[0][0] == pytest.approx(2.0)
 
 
 def test_gen_docs_writes_the_memory_table_and_check_fails_on_a_number_changed_by_hand(tmp_path, capsys):

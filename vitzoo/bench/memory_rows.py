@@ -11,13 +11,17 @@ prediction adds up what that process holds at the peak, each term a CSV column i
     predicted_activation_mb  model.memory(batch, amp, grid): the tensors the forward keeps for backward
     predicted_transient_mb   the gradient of the largest saved tensor, made by its op's backward while the
                              tensor is still held
+    predicted_runtime_mb     CPU: the oneDNN kernel caches of the step's distinct matmul and convolution calls
+                             (``predicted_kernels`` of them; :mod:`vitzoo.measure.kernel_cache`): measured by
+                             replaying those calls once in a fresh process, about 0.6 MB a bf16 matmul shape,
+                             near 0 in float32 (MKL keeps nothing per shape); kept for the process's life
     predicted_peak_mb        their sum; peak_ratio = train_peak_mb / predicted_peak_mb
 
 ``predicted_top_saved`` names the two largest saved tensors of :meth:`memory`, summed over the blocks
 (``"mlp: GELU input"`` is every block's GELU input). The allocator's own overhead, the thread pools'
 buffers and the small tensors of the optimizer's per-parameter loop are not in the prediction: the ratio
 shows them; memory-only rows measure ``resident_other_mb``, what the process keeps resident after the steps
-beyond its tensors (the CPU kernels' code and caches: tens of MB under bf16 autocast, little in fp32). The sum
+beyond its tensors (the kernel caches of ``predicted_runtime_mb`` and what else no tensor holds). The sum
 counts every gradient beside every activation, though backward makes the gradients as it frees the
 activations: where the parameters weigh as much as the activations, the measured peak is below it.
 """
@@ -31,13 +35,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from vitzoo.attention import before_train_step
 from vitzoo.costs import Saved
+from vitzoo.measure.kernel_cache import KernelShapes, kernel_cache_mb
 from vitzoo.measure.memory import _file_kb, _malloc_live, _proc_status_kb
 from vitzoo.measure.predicted import MIB, optimizer_state_bytes, parameter_bytes
 
 PREDICTION_COLUMNS = ["predicted_peak_mb", "peak_ratio", "predicted_activation_bytes", "predicted_activation_mb",
                       "predicted_params_mb", "predicted_grads_mb", "predicted_optimizer_mb", "predicted_input_mb",
-                      "predicted_transient_mb", "predicted_top_saved", "resident_other_mb"]
+                      "predicted_transient_mb", "predicted_runtime_mb", "predicted_kernels", "predicted_top_saved",
+                      "resident_other_mb"]
 _BLOCK_PREFIX = re.compile(r"^(stages\.\d+\.)?(blocks\.\d+)?[.:]?\s*")  # "stages.0.blocks.1.attn: x" -> "attn: x"
 
 
@@ -145,5 +152,28 @@ def add_prediction(row: dict[str, Any], steps: Any, setup: Any, batch: int) -> N
     if steps.opt is None:
         return
     row.update(predicted_row(steps.model, steps.opt, (steps.x, steps.y, steps.x1), batch, setup.amp))
+    if row.get("predicted_peak_mb") and setup.device.type == "cpu":
+        calls = kernel_calls(steps)
+        runtime = kernel_cache_mb(calls, torch.get_num_threads())
+        if runtime is not None:
+            row.update(predicted_runtime_mb=runtime, predicted_kernels=len(calls))
+            row["predicted_peak_mb"] += runtime
     if row.get("predicted_peak_mb") and row.get("train_peak_mb") is not None:
         row["peak_ratio"] = row["train_peak_mb"] / row["predicted_peak_mb"]
+
+
+def kernel_calls(steps: Any) -> list[list[Any]]:
+    """The distinct matmul and convolution calls (:class:`~vitzoo.measure.kernel_cache.KernelShapes`) of one more
+    forward and backward of the row's training step, untimed, its gradients freed after.
+
+    Args:
+        steps: the model's ``_ModelSteps`` (model, inputs, the worker's autocast) after the measured steps.
+    """
+    shapes = KernelShapes()
+    before_train_step(steps.model)
+    with shapes:
+        with steps.setup.autocast():
+            loss = nn.functional.cross_entropy(steps.model(steps.x), steps.y)
+        loss.backward()
+    steps.model.zero_grad(set_to_none=True)
+    return shapes.calls

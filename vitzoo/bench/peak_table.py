@@ -73,12 +73,16 @@ def ratios(rows: Sequence[Mapping[str, str]], other: bool = False) -> list[tuple
     """``(measured ÷ predicted, where)`` of every row with both figures.
 
     Args:
-        rows: the rows; other: add the row's measured ``resident_other_mb`` (memory no tensor holds) to the prediction.
+        rows: the rows; other: add the row's measured ``resident_other_mb`` (memory no tensor holds) to the
+            prediction, less its ``predicted_runtime_mb`` (the kernel caches the prediction holds already).
     """
     out = []
     for r in rows:
         predicted, measured = value(r.get("predicted_peak_mb") or ""), value(r.get("train_peak_mb") or "")
         extra = value(r.get("resident_other_mb") or "") if other else None
+        runtime = value(r.get("predicted_runtime_mb") or "")
+        if isinstance(extra, (int, float)) and isinstance(runtime, (int, float)):
+            extra = max(0.0, extra - runtime)
         if isinstance(predicted, (int, float)) and isinstance(extra, (int, float)):
             predicted += extra
         if r.get("status") == "ok" and isinstance(predicted, (int, float)) and predicted > 0:
