@@ -139,8 +139,8 @@ def test_memory_table_lists_predicted_measured_and_ratio_per_backend_tokens_and_
             "| out of memory during training |  |") in lines
     assert lines[-1] == ("4 of 6 configurations within 15 % of the prediction (measured ÷ predicted 0.90–1.33); "
                          "outside: `local` vit_cifar 64 tokens bf16 (1.33), `local` vit_cifar 64 tokens fp32 (1.33). "
-                         "With the memory the process keeps beyond its tensors after the steps (measured, "
-                         "`resident_other_mb`: the CPU kernels' code and caches) added to the prediction: "
+                         "With what the process keeps beyond its tensors and the predicted kernel caches added to "
+                         "the prediction (measured after the steps, `resident_other_mb` − `predicted_runtime_mb`): "
                          "6 of 6 within 15 %.")
 
 

@@ -138,7 +138,7 @@ def block_text(root: Path, order: Sequence[str]) -> str:
     summary += "."
     if any(r.get("resident_other_mb") for r in rows):
         plus = ratios(rows, other=True)
-        summary += (f" With the memory the process keeps beyond its tensors after the steps (measured, "
-                    f"`resident_other_mb`: the CPU kernels' code and caches) added to the prediction: "
+        summary += (f" With what the process keeps beyond its tensors and the predicted kernel caches added to "
+                    f"the prediction (measured after the steps, `resident_other_mb` − `predicted_runtime_mb`): "
                     f"{sum(abs(q - 1) <= TOLERANCE for q, _ in plus)} of {len(plus)} within 15 %.")
     return "\n".join(parts + ["", summary.replace("15%", "15 %")])
