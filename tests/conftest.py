@@ -142,3 +142,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def gen_docs():
+    """``scripts/gen_docs.py`` as a module."""
+    from helpers import load_file
+
+    return load_file("scripts", "gen_docs")
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A copy of the checkout's generated text and its table data: README, docs/results.md and results/docs."""
+    import shutil
+
+    from vitzoo.bench.results_tables import FOLDER
+
+    (tmp_path / "docs").mkdir()
+    for name in ("README.md", "docs/results.md"):
+        shutil.copyfile(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / FOLDER, tmp_path / FOLDER)
+    return tmp_path

@@ -11,17 +11,10 @@ import shutil
 
 import pytest
 from conftest import CONFIGS, ROOT, attention_classes
-from helpers import load_file
 
 from vitzoo.attention import catalog
 
 BACKENDS_DOC = ROOT / "docs" / "backends.md"
-
-
-@pytest.fixture(scope="module")
-def gen_docs():
-    """``scripts/gen_docs.py`` as a module."""
-    return load_file("scripts", "gen_docs")
 
 
 @pytest.fixture

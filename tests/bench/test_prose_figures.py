@@ -3,30 +3,9 @@ its generated blocks, as of README's "Results at a glance", to a generated block
 figure no block holds."""
 from __future__ import annotations
 
-import shutil
-
-import pytest
-from helpers import ROOT, load_file
-
-from vitzoo.bench import results_tables as rt
+from helpers import ROOT
 
 HELD = "`fnet` 4.48×"  # docs/results.md's 1,024-token paragraph quotes the pixels-1024 table's ratio
-
-
-@pytest.fixture(scope="module")
-def gen_docs():
-    """``scripts/gen_docs.py`` as a module."""
-    return load_file("scripts", "gen_docs")
-
-
-@pytest.fixture
-def checkout(tmp_path):
-    """A copy of the checkout's generated text and its table data: README, docs/results.md and results/docs."""
-    (tmp_path / "docs").mkdir()
-    for name in ("README.md", "docs/results.md"):
-        shutil.copyfile(ROOT / name, tmp_path / name)
-    shutil.copytree(ROOT / rt.FOLDER, tmp_path / rt.FOLDER)
-    return tmp_path
 
 
 def line_of(text: str, snippet: str) -> int:

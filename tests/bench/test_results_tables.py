@@ -17,22 +17,6 @@ META = {"machine": "Zen 2", "command": "`python scripts/benchmark.py --mode laye
         "date": "2026-12-06", "doc": "docs/results.md"}
 
 
-@pytest.fixture(scope="module")
-def gen_docs():
-    """``scripts/gen_docs.py`` as a module."""
-    return load_file("scripts", "gen_docs")
-
-
-@pytest.fixture
-def checkout(tmp_path):
-    """A copy of the checkout's generated text and its table data: README, docs/results.md and results/docs."""
-    (tmp_path / "docs").mkdir()
-    for name in ("README.md", "docs/results.md"):
-        shutil.copyfile(ROOT / name, tmp_path / name)
-    shutil.copytree(ROOT / rt.FOLDER, tmp_path / rt.FOLDER)
-    return tmp_path
-
-
 def write_table(folder, name, csv_text, **meta):
     """``<name>.csv`` and ``<name>.json`` (``META`` updated with ``meta``) in ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from vitzoo.fileio import atomic_write_text, read_regular_text
 from vitzoo.measure.memory import _file_kb, _glibc, _malloc_live, _proc_status_kb
 
 # the ops that reach oneDNN on the CPU (linear is addmm / mm by then, matmul and einsum are mm / bmm), and
@@ -141,7 +142,7 @@ def kernel_cache_mb(calls: list[list[Any]], threads: Optional[int] = None) -> Op
     threads = threads or torch.get_num_threads()
     key, path = _key(calls, threads), cache_file()
     try:
-        stored = json.loads(path.read_text())
+        stored = json.loads(read_regular_text(path))
     except (OSError, ValueError):
         stored = {}
     if key in stored:
@@ -155,9 +156,7 @@ def kernel_cache_mb(calls: list[list[Any]], threads: Optional[int] = None) -> Op
         return None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_name(f"{path.name}.{os.getpid()}.part")  # written whole, then renamed over the old one
-        part.write_text(json.dumps({**stored, key: mb}, indent=1, sort_keys=True))
-        os.replace(part, path)
+        atomic_write_text(path, json.dumps({**stored, key: mb}, indent=1, sort_keys=True))  # whole, never via a link
     except OSError:
         pass  # a read-only cache folder only costs a replay next time
     return mb
