@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitzoo.attention import register_attention
-from vitzoo.attention.base import Grid, MixerContext, check, check_non_negative, check_positive
+from vitzoo.attention.base import Grid, MixerContext, autocast_input, check, check_non_negative, check_positive
 from vitzoo.attention.sparse import flex
 from vitzoo.attention.sparse.geometry import Neighbourhood, check_num_global, check_odd_kernel
 from vitzoo.attention.sparse.neighbourhood import (
@@ -180,7 +180,7 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
         """
         P, C = self.num_prefix, self.dim
         (w, bias), (wg, bias_g) = ((m.weight, m.bias) for m in (self.qkv, self.qkv_global))
-        x = _autocast_copy(x)  # one copy that every product reads (each would cast x apart)
+        x = autocast_input(x)  # one copy that every product reads (each would cast x apart)
         q = F.linear(x[:, P:], w[:C], None if bias is None else bias[:C])  # grid queries: [B, L, C]
         if P:
             q_pre = F.linear(x[:, :P], wg[:C], None if bias_g is None else bias_g[:C])  # prefix queries: [B, P, C]
@@ -253,13 +253,3 @@ class LongformerAttention(GlobalNeighbourhoodAttention):
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, dilation={self.dilation_at()} on {self.cfg.dilated_heads} heads, "
                 f"global_tokens={self.global_form}, global_projections={self.cfg.global_projections}")
-
-
-def _autocast_copy(x: Tensor) -> Tensor:
-    """``x`` in the autocast dtype where autocast is on for its device and would cast it (a float32 or float16
-    tensor), else ``x``: the copy autocast makes for each op reading ``x``, made once."""
-    device = x.device.type
-    if device == "meta" or not torch.is_autocast_enabled(device):  # autocast leaves meta tensors as they are
-        return x
-    dtype = torch.get_autocast_dtype(device)
-    return x.to(dtype) if x.is_floating_point() and x.dtype not in (dtype, torch.float64) else x
