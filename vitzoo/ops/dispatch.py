@@ -97,8 +97,7 @@ def _block_kernel(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_g
 
 def _axial_function(qkv: Tensor, p_drop: float) -> bool:
     """Training on the CPU without attention dropout, eager (not traced or compiled)."""
-    cpu = qkv.device.type == "cpu" and p_drop == 0.0 and not tracing()
-    return cpu and torch.is_grad_enabled() and not torch.jit.is_tracing() and qkv.requires_grad
+    return qkv.device.type == "cpu" and p_drop == 0.0 and not tracing() and _training(qkv, qkv, qkv)
 
 
 TABLE: dict[str, tuple[Rule, ...]] = {
