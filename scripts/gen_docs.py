@@ -47,6 +47,10 @@ RESULTS = "docs/results.md"  # relative to the checkout, as the generated blocks
 README = "README.md"
 SUMMARY = "Results at a glance"  # README's section whose figures must be in a generated block
 PROSE_SKIP = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)  # fenced code and code spans: commands, not figures
+HEADING = re.compile(r"^(#{2,6}) ", re.MULTILINE)  # a section's heading (the page title's "# " holds no figures)
+LINK = re.compile(r"\]\(([^()#\s]*)#([\w-]+)\)")  # a Markdown link to a heading's anchor: (file or "", anchor)
+LABEL = re.compile(r"`([^`\n]+)`(?:'s)?\s*$")  # a code span right before a figure: the row it must be read from
+PARAGRAPH_START = re.compile(r"#+ |[ \t]*(?:[-*+]|\d+\.) ")  # a heading or a list item starts a paragraph
 RANKINGS = (("results/cifar10_short", "cifar10-short-ranking"), ("results/cifar10", "cifar10-ranking"))
 LONG_RUN = "results/cifar10/50ep/vit_cifar/global/seed0.json"  # the convergence run (scripts/convergence.py)
 TEN = "results/cifar10/10ep/vit_cifar/global"
@@ -86,6 +90,11 @@ def record_blocks() -> list[tuple[str, str, str, Optional[Callable[[], str]]]]:
     ablation, compare = script("ablation"), script("compare")
     blocks.append((RESULTS, ablation.BLOCK, TUNING, (lambda: ablation.table(Path(TUNING), Path(BASELINE)))
                    if Path(TUNING).is_dir() else None))
+    long_runs = Path(TUNING).is_dir() and any(ablation.epochs_of(ablation.read(p)) == ablation.LONG_EPOCHS
+                                              for p in Path(TUNING).glob("*/vit_cifar/global/seed*.json"))
+    blocks.append((RESULTS, ablation.block_name(ablation.LONG_EPOCHS), TUNING, (lambda: ablation.table(
+        Path(TUNING), Path(ablation.LONG_BASELINE), ablation.LONG_EPOCHS, Path(ablation.LONG_REFERENCE),
+        ablation.RECIPE_RUN)) if long_runs else None))
     for folder, block in RANKINGS:
         has = Path(folder).is_dir() and any(Path(folder).rglob("seed*.json"))
         blocks.append((RESULTS, block, folder, (lambda f=folder: compare.ranking_block(f, RESULTS)) if has else None))
@@ -120,37 +129,136 @@ def refresh_records(check: bool) -> tuple[list[str], list[str]]:
     return lines, changed
 
 
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+class Page:
+    """A Markdown file read for the figure check: its prose, its sections and its generated blocks.
+
+    ``prose`` is the text with generated blocks, fenced code and code spans blanked character by character, so a
+    position in it is the same position in ``text``. A section runs from its heading (``##`` or deeper) to the next
+    heading of the same or a higher level, its subsections included.
+
+    Args:
+        doc: the Markdown file, relative to the current folder.
+    """
+
+    def __init__(self, doc: str):
+        self.doc, self.text = doc, read_docs(doc)
+        blank = lambda m: re.sub(r"[^\n]", " ", m.group(0))  # noqa: E731
+        self.prose = PROSE_SKIP.sub(blank, results_tables.BLOCK.sub(blank, self.text))
+        self.blocks = [(m.start(), m.group(2)) for m in results_tables.BLOCK.finditer(self.text)]
+        heads = [(len(m.group(1)), m.start(), self.text[m.end():self.text.find("\n", m.end())].strip())
+                 for m in HEADING.finditer(self.prose)]
+        self.sections, seen = [], {}  # (anchor, title, start, end), in the order of the file
+        for i, (level, start, title) in enumerate(heads):
+            end = next((s for lv, s, _ in heads[i + 1:] if lv <= level), len(self.text))
+            slug = anchor(title)
+            seen[slug] = seen.get(slug, -1) + 1
+            self.sections.append((slug if not seen[slug] else f"{slug}-{seen[slug]}", title, start, end))
+
+    def section_at(self, position: int) -> Optional[tuple[str, str, int, int]]:
+        """The innermost section holding ``position``, or None before the first heading."""
+        return next((s for s in reversed(self.sections) if s[2] <= position), None)
+
+    def held(self, section: tuple[str, str, int, int]) -> list[str]:
+        """The text of each generated block inside ``section``."""
+        return [text for start, text in self.blocks if section[2] <= start < section[3]]
+
+
+def paragraphs(text: str, prose: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each paragraph: runs of lines split at blank lines, headings and list items.
+
+    Args:
+        text: the Markdown text; prose: the same text with code blanked (:class:`Page`), which says what is blank.
+    """
+    spans, start, pos = [], None, 0
+    for line in prose.splitlines(keepends=True):
+        if start is not None and (not line.strip() or PARAGRAPH_START.match(text, pos)):
+            spans.append((start, pos))
+            start = None
+        if line.strip() and start is None:
+            start = pos
+        pos += len(line)
+    return spans + ([(start, pos)] if start is not None else [])
+
+
+def linked_blocks(page: Page, span: str, pages: dict[str, Page]) -> tuple[list[str], list[str], list[str]]:
+    """``(blocks, names, broken)`` of the sections a paragraph links: their blocks' text, ``file#anchor`` of each,
+    and each link into a Markdown file that has no such heading.
+
+    Args:
+        page: the page holding the paragraph; span: the paragraph's prose; pages: the pages read so far, by path.
+    """
+    blocks, names, broken = [], [], []
+    for target, slug in LINK.findall(span):
+        path = os.path.normpath(os.path.join(os.path.dirname(page.doc), target)) if target else page.doc
+        if not path.endswith(".md") or not Path(path).is_file():
+            continue  # a link out of the checkout's Markdown holds no block
+        if path not in pages:
+            pages[path] = page if path == page.doc else Page(path)
+        hits = [s for s in pages[path].sections if s[0] == slug]
+        name = f"{'' if path == page.doc else path}#{slug}"
+        blocks += pages[path].held(hits[0]) if hits else []
+        (names if hits else broken).append(name)
+    return blocks, names, broken
+
+
+def row_text(blocks: list[str], label: Optional[str]) -> str:
+    """What a figure may be read from: every block whole, or with ``label`` the rows (lines) naming it of each block
+    that names it, and the whole of each block that does not."""
+    if label is None:
+        return "\n".join(blocks)
+    named = re.compile(rf"(?<![\w-]){re.escape(label)}(?![\w-])")
+    rows = [[row for row in block.splitlines() if named.search(row)] for block in blocks]
+    return "\n".join("\n".join(mine) if mine else block for mine, block in zip(rows, blocks))
+
+
 def prose_figures(doc: str, section: Optional[str] = None) -> list[str]:
-    """Figures of ``doc``'s prose that no generated block of README or docs/results.md holds, one line each.
+    """Figures of ``doc``'s prose that the generated blocks they belong to do not hold, one line each.
 
     A figure is what :data:`vitzoo.bench.results_tables.FIGURE` matches (a number or range with a unit); the prose
     is the text outside the generated blocks, code spans and fenced code; a figure may wrap onto the next line.
+    A figure belongs to the blocks of the innermost section holding its paragraph (a ``##`` or deeper heading's
+    section, its subsections included) and to those of every section the paragraph links (``[..](#anchor)``,
+    ``[..](other.md#anchor)``): a value copied from another section's table fails. A figure right after a code
+    span (```mixer` 62.21 %``, ```global`'s 55.67 %``) is read, in a block with rows naming that span, from those
+    rows only. A link to a heading that its file lacks is a problem too.
 
     Args:
         doc: the Markdown file, relative to the current folder; section: the ``## `` heading whose text alone is
             checked (README's results in brief), or None for the whole file.
     """
-    text = read_docs(doc)
-    generated = results_tables.generated_text(read_docs(README)) + results_tables.generated_text(read_docs(RESULTS))
-    # blocks, fences and code spans blanked to their line breaks, so each position keeps its line number
-    prose = PROSE_SKIP.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), results_tables.BLOCK.sub(
-        lambda m: "\n" * m.group(0).count("\n"), text))
-    start, end, where = 0, len(prose), "the text outside the generated blocks"
+    page, pages = Page(doc), {}
+    start, end, where = 0, len(page.text), "the text outside the generated blocks"
     if section is not None:
-        marker = f"\n## {section}\n"
-        if marker not in prose:
+        found = [s for s in page.sections if s[1] == section and page.text.startswith("## ", s[2])]
+        if not found:
             raise ConfigError(f"{doc}: no '## {section}' section")
-        start = prose.index(marker) + len(marker)
-        end = prose.find("\n## ", start) if "\n## " in prose[start:] else len(prose)
-        where = f"'{section}'"
-    # every run of white space read as one space, so a figure may wrap; pieces[k] is the k-th character read
-    pieces = list(re.finditer(r"\s+|\S", prose[start:end]))
-    flat = "".join(" " if piece.group(0).isspace() else piece.group(0) for piece in pieces)
+        start, end, where = found[0][2], found[0][3], f"'{section}'"
     problems = []
-    for m in results_tables.FIGURE.finditer(flat):
-        line = prose.count("\n", 0, start + pieces[m.start()].start()) + 1
-        problems += [f"{doc}, line {line}: {where} quotes {figure}, which no generated block holds"
-                     for figure in results_tables.unquoted_figures(m.group(0), generated)]
+    for first, last in paragraphs(page.text[:end], page.prose[:end]):
+        if first < start:
+            continue
+        home = page.section_at(first)
+        blocks, names, broken = linked_blocks(page, page.prose[first:last], pages)
+        blocks, names = (page.held(home) + blocks, [f"'{home[1]}'"] + names) if home else (blocks, names)
+        line = page.text.count("\n", 0, first) + 1
+        problems += [f"{doc}, line {line}: {where} links {name}, which names no heading" for name in broken]
+        read = f"blocks of {', '.join(names)}" if names else "no section and no link"
+        # every run of white space read as one space, so a figure may wrap; pieces[k] is the k-th character read
+        pieces = list(re.finditer(r"\s+|\S", page.prose[first:last]))
+        flat = "".join(" " if piece.group(0).isspace() else piece.group(0) for piece in pieces)
+        for m in results_tables.FIGURE.finditer(flat):
+            at = first + pieces[m.start()].start()
+            label = LABEL.search(page.text[first:at])
+            row = f" in its `{label.group(1)}` row" if label else ""
+            held = row_text(blocks, label.group(1) if label else None)
+            problems += [f"{doc}, line {page.text.count(chr(10), 0, at) + 1}: {where} quotes {figure}, which no "
+                         f"generated block holds{row} ({read})"
+                         for figure in results_tables.unquoted_figures(m.group(0), held)]
     return problems
 
 

@@ -74,3 +74,54 @@ def test_missing_markers_are_one_line(tmp_path, capsys):
     docs.write_text("no block\n")
     assert ablation.main(["--tuning", str(tuning), "--baseline", str(base), "--docs", str(docs)]) == 2
     assert "needs one" in capsys.readouterr().err and docs.read_text() == "no block\n"
+
+
+def test_each_length_has_its_own_table_with_the_recipe_as_first_row(tmp_path):
+    base, tuning = folders(tmp_path)
+    common = "python train.py experiment=cifar10_short export=false record_dir=x"
+    long_base, recipe = tmp_path / "base10", tmp_path / "recipe10"
+    write(long_base / "seed0.json", {**record(0.68, None), "epochs": 10})
+    write(recipe / "seed0.json", {**record(0.80, "python train.py experiment=zoo_cifar10"), "epochs": 10})
+    write(tuning / "t03_long/vit_cifar/global/seed0.json",
+          {**record(0.82, f"{common} +model.stem=conv model.x=2 trainer.max_epochs=10"), "epochs": 10})
+    short = ablation.table(tuning, base)
+    assert "t03_long" not in short and "| t01_a |" in short  # a 10-epoch run is not in the 3-epoch table
+    rows = ablation.table(tuning, long_base, 10, recipe, "t01_a").splitlines()
+    assert "10 epochs" in rows[2] and "68.00 % (mean of 1 seed," in rows[2]
+    assert "--epochs 10" in rows[0] and "--recipe-run t01_a" in rows[0]
+    assert rows[-2].startswith("| recipe | `model.stem=conv` | – | 80.00 (79.0–81.0) | +12.00 | – |")
+    assert rows[-1].split(" | ")[5] == "recipe: `model.x=2` (+2.00)"  # the length is no lever; the step is
+    assert ablation.block_name(10) == "cifar10-ablation-10ep" and ablation.block_name(3) == ablation.BLOCK
+
+
+def test_reference_without_its_defining_run_is_one_line(tmp_path):
+    base, tuning = folders(tmp_path)
+    write(tmp_path / "recipe10/seed0.json", {**record(0.8, "x"), "epochs": 10})
+    write(tuning / "t03_long/vit_cifar/global/seed0.json", {**record(0.82, "python train.py a=1"), "epochs": 10})
+    try:
+        ablation.table(tuning, base, 10, tmp_path / "recipe10", "t99_missing")
+    except ablation.ConfigError as e:
+        assert "--recipe-run" in str(e) and "\n" not in str(e)
+    else:
+        raise AssertionError("a missing recipe run must fail")
+
+
+def test_the_shipped_recipe_holds_the_levers_of_its_defining_run():
+    """experiment=cifar10_fast is the committed tuning run RECIPE_RUN: each lever of that run's command holds in
+    the composed config, so the 10-epoch table's first row names what the recipe is."""
+    from helpers import ROOT, compose_cfg
+    from omegaconf import OmegaConf
+
+    rec = ablation.read(ROOT / "results/cifar10_tuning" / ablation.RECIPE_RUN / "vit_cifar/global/seed0.json")
+    cfg = compose_cfg(["experiment=cifar10_fast"])
+    for lever in ablation.lever_list(rec["command"]):
+        key, value = lever.split("=", 1)
+        assert same(OmegaConf.select(cfg, key), value), lever
+
+
+def same(held, text):
+    """A composed value equals an override's text (numbers compared as numbers: ``7e-4`` is 0.0007)."""
+    try:
+        return float(held) == float(text)
+    except (TypeError, ValueError):
+        return str(held) == text
