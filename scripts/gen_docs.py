@@ -17,7 +17,9 @@ Sources, one generator each:
 
 A generator whose data is not committed yet is skipped with one line. ``--check`` also fails when a figure (a
 number with a unit) of README's "Results at a glance" or of docs/results.md's text outside its generated blocks is
-in no generated block, naming the file, line and figure.
+in none of the generated blocks of its own section or of a section its paragraph links (``[..](#anchor)``), or
+follows a backend's code span (```mixer` 62.21 %``) but is not in that backend's row, naming the file, line and
+figure (:func:`prose_figures`).
 """
 from __future__ import annotations
 
@@ -185,15 +187,17 @@ def paragraphs(text: str, prose: str) -> list[tuple[int, int]]:
     return spans + ([(start, pos)] if start is not None else [])
 
 
-def linked_blocks(page: Page, span: str, pages: dict[str, Page]) -> tuple[list[str], list[str], list[str]]:
+def linked_blocks(page: Page, first: int, last: int, pages: dict[str, Page]) -> tuple[list[str], list[str], list]:
     """``(blocks, names, broken)`` of the sections a paragraph links: their blocks' text, ``file#anchor`` of each,
-    and each link into a Markdown file that has no such heading.
+    and ``(position, file#anchor)`` of each link into a Markdown file that has no such heading.
 
     Args:
-        page: the page holding the paragraph; span: the paragraph's prose; pages: the pages read so far, by path.
+        page: the page holding the paragraph; first, last: the paragraph's span in it; pages: the pages read so
+            far, by path.
     """
     blocks, names, broken = [], [], []
-    for target, slug in LINK.findall(span):
+    for link in LINK.finditer(page.prose, first, last):
+        target, slug = link.groups()
         path = os.path.normpath(os.path.join(os.path.dirname(page.doc), target)) if target else page.doc
         if not path.endswith(".md") or not Path(path).is_file():
             continue  # a link out of the checkout's Markdown holds no block
@@ -202,7 +206,8 @@ def linked_blocks(page: Page, span: str, pages: dict[str, Page]) -> tuple[list[s
         hits = [s for s in pages[path].sections if s[0] == slug]
         name = f"{'' if path == page.doc else path}#{slug}"
         blocks += pages[path].held(hits[0]) if hits else []
-        (names if hits else broken).append(name)
+        names += [name] if hits else []
+        broken += [] if hits else [(link.start(), name)]
     return blocks, names, broken
 
 
@@ -243,10 +248,10 @@ def prose_figures(doc: str, section: Optional[str] = None) -> list[str]:
         if first < start:
             continue
         home = page.section_at(first)
-        blocks, names, broken = linked_blocks(page, page.prose[first:last], pages)
+        blocks, names, broken = linked_blocks(page, first, last, pages)
         blocks, names = (page.held(home) + blocks, [f"'{home[1]}'"] + names) if home else (blocks, names)
-        line = page.text.count("\n", 0, first) + 1
-        problems += [f"{doc}, line {line}: {where} links {name}, which names no heading" for name in broken]
+        problems += [f"{doc}, line {page.text.count(chr(10), 0, at) + 1}: {where} links {name}, which names no "
+                     "heading" for at, name in broken]
         read = f"blocks of {', '.join(names)}" if names else "no section and no link"
         # every run of white space read as one space, so a figure may wrap; pieces[k] is the k-th character read
         pieces = list(re.finditer(r"\s+|\S", page.prose[first:last]))
