@@ -59,16 +59,27 @@ class Saved:
         name: what the tensor is, e.g. ``"qkv input (bf16 cast)"`` or ``"attention output"``.
         numel: its elements (for a batch of images).
         itemsize: bytes per element: 4 for fp32, 2 for bf16/fp16, 8 for int64 and complex64, 1 for bool.
+        count: equal tensors the entry stands for (``numel`` is their total), e.g. every matrix of an iteration.
+        workspace: bytes the backward of the op that saves it allocates beside the gradients while it runs (a
+            kernel's buffer on CPU), 0 for most ops.
     """
 
     name: str
     numel: int
     itemsize: int
+    count: int = 1
+    workspace: int = 0
 
     @property
     def nbytes(self) -> int:
         """Bytes the tensor holds."""
         return self.numel * self.itemsize
+
+    @property
+    def transient(self) -> int:
+        """Bytes the backward of the op that saves it makes while the entry is held: the gradient of one of its
+        tensors (the op's input, the size of what it saved) and the op's :attr:`workspace`."""
+        return self.numel // self.count * self.itemsize + self.workspace
 
 
 def saved_bytes(items: Iterable[Saved]) -> int:

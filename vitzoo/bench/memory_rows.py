@@ -5,25 +5,28 @@ over the resident size before the model was built (:class:`vitzoo.measure.memory
 prediction adds up what that process holds at the peak, each term a CSV column in MiB::
 
     predicted_params_mb      parameters (fp32)
-    predicted_grads_mb       one gradient per trainable parameter
     predicted_optimizer_mb   the AdamW state after the steps (two moments per parameter, a step count per tensor)
     predicted_input_mb       the random batch, its labels and the batch-1 copy the benchmark keeps
-    predicted_activation_mb  model.memory(batch, amp, grid): the tensors the forward keeps for backward
-    predicted_transient_mb   the gradient of the largest saved tensor, made by its op's backward while the
-                             tensor is still held
+    predicted_held_mb        the activations and gradients held together at the backward's fullest point
+                             (:func:`vitzoo.measure.predicted.held_peak_bytes`): the step zeroes its gradients
+                             to None, so backward makes each block's gradients as it frees the activations of
+                             the blocks after it
+    predicted_transient_mb   the largest transient of one op's backward (:attr:`vitzoo.costs.Saved.transient`):
+                             the gradient of one saved tensor, made while it is still held, and the kernel's
+                             workspace where a mixer declares one
     predicted_runtime_mb     CPU: the oneDNN kernel caches of the step's distinct matmul and convolution calls
                              (``predicted_kernels`` of them; :mod:`vitzoo.measure.kernel_cache`): measured by
                              replaying those calls once in a fresh process, about 0.6 MB a bf16 matmul shape,
                              near 0 in float32 (MKL keeps nothing per shape); kept for the process's life
     predicted_peak_mb        their sum; peak_ratio = train_peak_mb / predicted_peak_mb
 
-``predicted_top_saved`` names the two largest saved tensors of :meth:`memory`, summed over the blocks
-(``"mlp: GELU input"`` is every block's GELU input). The allocator's own overhead, the thread pools'
-buffers and the small tensors of the optimizer's per-parameter loop are not in the prediction: the ratio
-shows them; memory-only rows measure ``resident_other_mb``, what the process keeps resident after the steps
-beyond its tensors (the kernel caches of ``predicted_runtime_mb`` and what else no tensor holds). The sum
-counts every gradient beside every activation, though backward makes the gradients as it frees the
-activations: where the parameters weigh as much as the activations, the measured peak is below it.
+Beside them, not summed: ``predicted_activation_mb`` (``model.memory(batch, amp, grid)``, every tensor the
+forward keeps for backward) and ``predicted_grads_mb`` (one gradient per trainable parameter), whose held part
+at the peak ``predicted_held_mb`` is. ``predicted_top_saved`` names the two largest saved tensors of
+:meth:`memory`, summed over the blocks (``"mlp: GELU input"`` is every block's GELU input). The allocator's own
+overhead, the thread pools' buffers and the small tensors of the optimizer's per-parameter loop are not in the
+prediction: the ratio shows them; memory-only rows measure ``resident_other_mb``, what the process keeps resident
+after the steps beyond its tensors (the kernel caches of ``predicted_runtime_mb`` and what else no tensor holds).
 """
 from __future__ import annotations
 
@@ -39,12 +42,12 @@ from vitzoo.attention import before_train_step
 from vitzoo.costs import Saved
 from vitzoo.measure.kernel_cache import KernelShapes, kernel_cache_mb
 from vitzoo.measure.memory import _file_kb, _malloc_live, _proc_status_kb
-from vitzoo.measure.predicted import MIB, optimizer_state_bytes, parameter_bytes
+from vitzoo.measure.predicted import MIB, held_peak_bytes, largest_transient, optimizer_state_bytes, parameter_bytes
 
 PREDICTION_COLUMNS = ["predicted_peak_mb", "peak_ratio", "predicted_activation_bytes", "predicted_activation_mb",
                       "predicted_params_mb", "predicted_grads_mb", "predicted_optimizer_mb", "predicted_input_mb",
-                      "predicted_transient_mb", "predicted_runtime_mb", "predicted_kernels", "predicted_top_saved",
-                      "resident_other_mb"]
+                      "predicted_held_mb", "predicted_transient_mb", "predicted_runtime_mb", "predicted_kernels",
+                      "predicted_top_saved", "resident_other_mb"]
 _BLOCK_PREFIX = re.compile(r"^(stages\.\d+\.)?(blocks\.\d+)?[.:]?\s*")  # "stages.0.blocks.1.attn: x" -> "attn: x"
 
 
@@ -94,14 +97,14 @@ def predicted_row(model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tenso
     activations = sum(item.nbytes for item in items)
     terms = {
         "predicted_params_mb": parameter_bytes(model) / MIB,
-        "predicted_grads_mb": parameter_bytes(model, trainable=True) / MIB,
         "predicted_optimizer_mb": optimizer_state_bytes(optimizer) / MIB,
         "predicted_input_mb": _tensor_bytes(inputs) / MIB,
-        "predicted_activation_mb": activations / MIB,
-        "predicted_transient_mb": max((item.nbytes for item in items), default=0) / MIB,
+        "predicted_held_mb": held_peak_bytes(model, items) / MIB,
+        "predicted_transient_mb": largest_transient(items) / MIB,
     }
     return {"predicted_peak_mb": sum(terms.values()), "predicted_activation_bytes": activations, **terms,
-            "predicted_top_saved": top_saved(items)}
+            "predicted_activation_mb": activations / MIB,
+            "predicted_grads_mb": parameter_bytes(model, trainable=True) / MIB, "predicted_top_saved": top_saved(items)}
 
 
 def memory_phase(row: dict[str, Any], setup: Any, steps: Any, batch: int) -> None:

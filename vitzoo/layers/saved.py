@@ -15,6 +15,7 @@ Each function returns :class:`vitzoo.costs.Saved` entries, measured against
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Optional
 
 import torch
@@ -30,7 +31,7 @@ def prefixed(prefix: str, items: Iterable[Saved]) -> list[Saved]:
     Args:
         prefix: the module's name in its parent; items: its memory formula's entries.
     """
-    return [Saved(f"{prefix}{'.' if ': ' in s.name else ': '}{s.name}", s.numel, s.itemsize) for s in items]
+    return [replace(s, name=f"{prefix}{'.' if ': ' in s.name else ': '}{s.name}") for s in items]
 
 
 def layernorm_memory(tokens: int, dim: int, size: int) -> list[Saved]:

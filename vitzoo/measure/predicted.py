@@ -2,8 +2,17 @@
 
 :func:`predicted_memory` adds up what one step holds at its peak as a lower bound::
 
-    parameters + gradients (one per trainable parameter, its dtype) + optimizer state
-    + activations (``model.memory(batch, amp, grid)``: the tensors the forward keeps for backward)
+    parameters + optimizer state
+    + the activations and gradients held together at the backward's fullest point (:func:`held_peak_bytes`)
+
+The activations are ``model.memory(batch, amp, grid)``, the tensors the forward keeps for backward; the
+gradients are one per trainable parameter, in its dtype. The step zeroes its gradients to ``None`` first, so
+backward makes them as it goes: running from the last block to the first, at block ``b`` the process holds the
+activations of the blocks up to ``b`` and the gradients of the parameters of the blocks from ``b`` on, and the
+held part of the peak is the largest of those sums over ``b`` and of the forward's end (every activation, no
+gradient yet). Items and parameters are placed by their name's prefix (:func:`segment`: a block, a Swin stage's
+merge, or a top-level module; parameters of the model itself, the class token and position embedding, with the
+stem), in the model's module order.
 
 The optimizer state is that of the optimizer given (every tensor in its ``state``, each storage once), or,
 before a step has made it, :data:`ADAMW_STATE_BYTES` per trainable element (AdamW's two fp32 moments). The
@@ -13,13 +22,20 @@ on top of a measured peak.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
+from vitzoo.costs import Saved
+
 ADAMW_STATE_BYTES = 8  # AdamW keeps two fp32 moments (4 + 4 bytes) per trainable parameter element
 MIB = 2**20
+# the forward position of a memory item or parameter name: "stages.1.blocks.0", "blocks.3", "stages.0.downsample",
+# else its top-level module ("patch_embed", "norm", "head" of "head input")
+_SEGMENT = re.compile(r"(?:stages\.\d+\.)?(?:blocks\.\d+|downsample)(?![\w])|[A-Za-z_]\w*")
 
 
 def amp_dtype(precision: Optional[str]) -> Optional[torch.dtype]:
@@ -54,6 +70,60 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return sum(seen.values())
 
 
+def segment(name: str) -> str:
+    """The forward position ``name`` (a ``memory()`` item's or a parameter's) belongs to: its block
+    (``"blocks.3"``, ``"stages.1.blocks.0"``), a stage's merge (``"stages.0.downsample"``) or its top-level module.
+
+    Args:
+        name: e.g. ``"stages.1.blocks.0.attn: q|k|v"`` or ``"patch_embed.proj.weight"``.
+    """
+    m = _SEGMENT.match(name)
+    return m.group(0) if m else name
+
+
+def backward_peak(activations: Sequence[int], gradients: Sequence[int]) -> int:
+    """The most a backward holds of activations and gradients together, positions in forward order: at position
+    ``b`` the activations of positions ``<= b`` and the gradients of positions ``>= b``; the forward's end (every
+    activation, no gradient) included.
+
+    Args:
+        activations: bytes saved by each position; gradients: bytes of each position's parameter gradients.
+    """
+    held = peak = sum(activations)
+    for act, grad in zip(reversed(activations), reversed(gradients)):  # from the last position to the first
+        held += grad  # the position's gradients are made while its activations are still held
+        peak = max(peak, held)
+        held -= act  # then its activations are freed
+    return peak
+
+
+def held_peak_bytes(model: nn.Module, items: Sequence[Saved]) -> int:
+    """:func:`backward_peak` of ``model`` with the activations ``items`` (its ``memory()``) and its trainable
+    parameters' gradients, each placed by :func:`segment` in the order of ``model.named_modules()``; a name of no
+    module (the model's own parameters: class token, position embedding) goes with the stem, first.
+
+    Args:
+        model: a vitzoo model; items: the entries of its ``memory(batch, amp, grid)``.
+    """
+    order = {"": 0}  # the model's own parameters and any name of no module: with the stem
+    for name, _ in model.named_modules():
+        if name:
+            order.setdefault(segment(name), len(order))
+    activations, gradients = [0] * len(order), [0] * len(order)
+    for item in items:
+        activations[order.get(segment(item.name), 0)] += item.nbytes
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            gradients[order.get(segment(name), 0)] += p.numel() * p.element_size()
+    return backward_peak(activations, gradients)
+
+
+def largest_transient(items: Sequence[Saved]) -> int:
+    """Bytes of the largest :attr:`~vitzoo.costs.Saved.transient` of ``items``: what one op's backward makes while
+    its saved tensors are held (the gradient of one of them and its kernel's workspace), 0 for no items."""
+    return max((item.transient for item in items), default=0)
+
+
 def predicted_memory(model: nn.Module, batch: int, amp: Optional[torch.dtype] = None,
                      grid: Optional[tuple[int, int]] = None, optimizer: Any = None) -> dict[str, Optional[float]]:
     """The predicted activation bytes and peak (MiB) of one training step of ``model`` (see the module docstring).
@@ -70,12 +140,12 @@ def predicted_memory(model: nn.Module, batch: int, amp: Optional[torch.dtype] = 
         reduction of the model has no memory formula.
     """
     try:
-        activations = sum(item.nbytes for item in model.memory(batch, amp, grid=grid))
+        items = model.memory(batch, amp, grid=grid)
     except NotImplementedError:
         return {"predicted_activation_bytes": None, "predicted_peak_mb": None}
-    gradients = parameter_bytes(model, trainable=True)
+    activations = sum(item.nbytes for item in items)
     state = optimizer_state_bytes(optimizer) if optimizer is not None else 0
     if not state:
         state = ADAMW_STATE_BYTES * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    peak = parameter_bytes(model) + gradients + state + activations
+    peak = parameter_bytes(model) + state + held_peak_bytes(model, items)
     return {"predicted_activation_bytes": activations, "predicted_peak_mb": peak / MIB}

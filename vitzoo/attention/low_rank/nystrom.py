@@ -145,7 +145,7 @@ class NystromAttention(QKVAttention):
             Saved("their maxima and the norm product (fp32)", 3 * bh, 4),  # 3 x [B, h]
             Saved("Z₀ (fp32)", bh * m * m, 4),  # [B, h, m, m]
             # per iteration AZ, 7I − AZ, 15I − AZ(..), 13I − AZ(..), Z/4, and each Zₖ the next iteration reads
-            Saved("pseudo-inverse iteration matrices (fp32)", (6 * iters - 1) * bh * m * m, 4),
+            Saved("pseudo-inverse iteration matrices (fp32)", (6 * iters - 1) * bh * m * m, 4, count=6 * iters - 1),
             Saved("pseudo-inverse", bh * m * m, size),  # [B, h, m, m] (a bf16 copy under amp)
             Saved("pinv · softmax(Q̃Kᵀ/√d)V", bh * m * d, size),  # [B, h, m, d]
             Saved("attention output", batch * n * self.dim, size),  # [B, h, N, d]
