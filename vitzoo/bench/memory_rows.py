@@ -7,26 +7,28 @@ prediction adds up what that process holds at the peak, each term a CSV column i
     predicted_params_mb      parameters (fp32)
     predicted_optimizer_mb   the AdamW state after the steps (two moments per parameter, a step count per tensor)
     predicted_input_mb       the random batch, its labels and the batch-1 copy the benchmark keeps
-    predicted_held_mb        the activations and gradients held together at the backward's fullest point
-                             (:func:`vitzoo.measure.predicted.held_peak_bytes`): the step zeroes its gradients
-                             to None, so backward makes each block's gradients as it frees the activations of
-                             the blocks after it
-    predicted_transient_mb   the largest transient of one op's backward (:attr:`vitzoo.costs.Saved.transient`):
-                             the gradient of one saved tensor, made while it is still held, and the kernel's
-                             workspace where a mixer declares one
+    predicted_held_mb        what the step holds at its fullest beside those three
+                             (:func:`vitzoo.measure.predicted.held_peak_bytes`), the larger of its phases:
+                             backward, the activations and gradients held together at its fullest point (the
+                             step sets its gradients to None, so backward makes each block's gradients as it
+                             frees the activations of the blocks after it) + predicted_transient_mb; AdamW's
+                             step, every gradient + two temporaries the size of the largest parameter
     predicted_runtime_mb     CPU: the oneDNN kernel caches of the step's distinct matmul and convolution calls
                              (``predicted_kernels`` of them; :mod:`vitzoo.measure.kernel_cache`): measured by
                              replaying those calls once in a fresh process, about 0.6 MB a bf16 matmul shape,
                              near 0 in float32 (MKL keeps nothing per shape); kept for the process's life
     predicted_peak_mb        their sum; peak_ratio = train_peak_mb / predicted_peak_mb
 
-Beside them, not summed: ``predicted_activation_mb`` (``model.memory(batch, amp, grid)``, every tensor the
-forward keeps for backward) and ``predicted_grads_mb`` (one gradient per trainable parameter), whose held part
-at the peak ``predicted_held_mb`` is. ``predicted_top_saved`` names the two largest saved tensors of
-:meth:`memory`, summed over the blocks (``"mlp: GELU input"`` is every block's GELU input). The allocator's own
-overhead, the thread pools' buffers and the small tensors of the optimizer's per-parameter loop are not in the
-prediction: the ratio shows them; memory-only rows measure ``resident_other_mb``, what the process keeps resident
-after the steps beyond its tensors (the kernel caches of ``predicted_runtime_mb`` and what else no tensor holds).
+Beside them, not summed: ``predicted_transient_mb``, the largest transient of one op's backward
+(:attr:`vitzoo.costs.Saved.transient`: the gradient of one saved tensor, made while it is still held, and the
+kernel's workspace where a mixer declares one), part of the held term; ``predicted_activation_mb``
+(``model.memory(batch, amp, grid)``, every tensor the forward keeps for backward) and ``predicted_grads_mb`` (one
+gradient per trainable parameter), of which the held term holds what is alive together. ``predicted_top_saved``
+names the two largest saved tensors of :meth:`memory`, summed over the blocks (``"mlp: GELU input"`` is every
+block's GELU input). The allocator's own overhead, the thread pools' buffers and the small tensors of the
+optimizer's per-parameter loop are not in the prediction: the ratio shows them; memory-only rows measure
+``resident_other_mb``, what the process keeps resident after the steps beyond its tensors (the kernel caches of
+``predicted_runtime_mb`` and what else no tensor holds).
 """
 from __future__ import annotations
 
@@ -99,11 +101,10 @@ def predicted_row(model: nn.Module, optimizer: Any, inputs: Sequence[torch.Tenso
         "predicted_params_mb": parameter_bytes(model) / MIB,
         "predicted_optimizer_mb": optimizer_state_bytes(optimizer) / MIB,
         "predicted_input_mb": _tensor_bytes(inputs) / MIB,
-        "predicted_held_mb": held_peak_bytes(model, items) / MIB,
-        "predicted_transient_mb": largest_transient(items) / MIB,
+        "predicted_held_mb": held_peak_bytes(model, items, optimizer) / MIB,
     }
     return {"predicted_peak_mb": sum(terms.values()), "predicted_activation_bytes": activations, **terms,
-            "predicted_activation_mb": activations / MIB,
+            "predicted_transient_mb": largest_transient(items) / MIB, "predicted_activation_mb": activations / MIB,
             "predicted_grads_mb": parameter_bytes(model, trainable=True) / MIB, "predicted_top_saved": top_saved(items)}
 
 

@@ -1,24 +1,27 @@
 """The predicted memory of a training step, from the model's analytic ``memory()`` and the training state.
 
-:func:`predicted_memory` adds up what one step holds at its peak as a lower bound::
+:func:`predicted_memory` adds up what one step holds at its peak::
 
     parameters + optimizer state
-    + the activations and gradients held together at the backward's fullest point (:func:`held_peak_bytes`)
+    + what the step holds at its fullest beside them (:func:`held_peak_bytes`), the larger of its two phases:
+      backward: activations and gradients together at the backward's fullest point + the largest transient
+      optimizer step: every gradient + AdamW's temporaries (:func:`step_temporaries`)
 
 The activations are ``model.memory(batch, amp, grid)``, the tensors the forward keeps for backward; the
 gradients are one per trainable parameter, in its dtype. The step zeroes its gradients to ``None`` first, so
 backward makes them as it goes: running from the last block to the first, at block ``b`` the process holds the
 activations of the blocks up to ``b`` and the gradients of the parameters of the blocks from ``b`` on, and the
-held part of the peak is the largest of those sums over ``b`` and of the forward's end (every activation, no
-gradient yet). Items and parameters are placed by their name's prefix (:func:`segment`: a block, a Swin stage's
-merge, or a top-level module; parameters of the model itself, the class token and position embedding, with the
-stem), in the model's module order.
+backward's part is the largest of those sums over ``b`` and of the forward's end (every activation, no gradient
+yet). Items and parameters are placed by their name's prefix (:func:`segment`: a block, a Swin stage's merge, or
+a top-level module; parameters of the model itself, the class token and position embedding, with the stem), in
+the model's module order. The transient is the largest :attr:`~vitzoo.costs.Saved.transient` of one op's
+backward: the gradient of one saved tensor, made while it is held, and the kernel's workspace where a mixer
+declares one.
 
 The optimizer state is that of the optimizer given (every tensor in its ``state``, each storage once), or,
 before a step has made it, :data:`ADAMW_STATE_BYTES` per trainable element (AdamW's two fp32 moments). The
-activations are CPU's saved set (the kernels CPU runs); the allocator's cache, the transient tensors of the
-backward, the data loader, the CUDA context and, on CPU, the interpreter and libraries of the process come
-on top of a measured peak.
+activations are CPU's saved set (the kernels CPU runs); the allocator's cache, the data loader, the CUDA
+context and, on CPU, the interpreter and libraries of the process come on top of a measured peak.
 """
 from __future__ import annotations
 
@@ -97,13 +100,19 @@ def backward_peak(activations: Sequence[int], gradients: Sequence[int]) -> int:
     return peak
 
 
-def held_peak_bytes(model: nn.Module, items: Sequence[Saved]) -> int:
-    """:func:`backward_peak` of ``model`` with the activations ``items`` (its ``memory()``) and its trainable
-    parameters' gradients, each placed by :func:`segment` in the order of ``model.named_modules()``; a name of no
-    module (the model's own parameters: class token, position embedding) goes with the stem, first.
+def held_peak_bytes(model: nn.Module, items: Sequence[Saved], optimizer: Any = None) -> int:
+    """What one training step holds at its fullest beside the parameters, the optimizer state and the input: the
+    larger of its two phases.
+
+    * backward: :func:`backward_peak` of the activations ``items`` (the model's ``memory()``) and the trainable
+      parameters' gradients, each placed by :func:`segment` in the order of ``model.named_modules()`` (a name of no
+      module, as the model's own class token and position embedding, goes with the stem, first), plus
+      :func:`largest_transient`;
+    * optimizer step: every gradient, the activations freed, plus :func:`step_temporaries`.
 
     Args:
         model: a vitzoo model; items: the entries of its ``memory(batch, amp, grid)``.
+        optimizer: the run's AdamW (None: torch's default implementation for the parameters' device).
     """
     order = {"": 0}  # the model's own parameters and any name of no module: with the stem
     for name, _ in model.named_modules():
@@ -115,7 +124,24 @@ def held_peak_bytes(model: nn.Module, items: Sequence[Saved]) -> int:
     for name, p in model.named_parameters():
         if p.requires_grad:
             gradients[order.get(segment(name), 0)] += p.numel() * p.element_size()
-    return backward_peak(activations, gradients)
+    backward = backward_peak(activations, gradients) + largest_transient(items)
+    return max(backward, sum(gradients) + step_temporaries(model, optimizer))
+
+
+def step_temporaries(model: nn.Module, optimizer: Any = None) -> int:
+    """Bytes AdamW's step makes beside its state, from the square root of the second moment: the for-loop
+    implementation (torch's default on CPU) holds two tensors of the parameter it updates (the root, then its
+    quotient by the bias correction), the foreach one (torch's default on CUDA) the roots of every parameter at once.
+
+    Args:
+        model: its trainable parameters are the optimizer's; optimizer: the run's (its ``foreach`` option, where
+            set, picks the implementation).
+    """
+    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    foreach = optimizer.defaults.get("foreach") if optimizer is not None else None
+    if foreach is None:
+        foreach = any(p.is_cuda for p in model.parameters())
+    return sum(sizes) if foreach else 2 * max(sizes, default=0)
 
 
 def largest_transient(items: Sequence[Saved]) -> int:
@@ -147,5 +173,5 @@ def predicted_memory(model: nn.Module, batch: int, amp: Optional[torch.dtype] = 
     state = optimizer_state_bytes(optimizer) if optimizer is not None else 0
     if not state:
         state = ADAMW_STATE_BYTES * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    peak = parameter_bytes(model) + state + held_peak_bytes(model, items)
+    peak = parameter_bytes(model) + state + held_peak_bytes(model, items, optimizer)
     return {"predicted_activation_bytes": activations, "predicted_peak_mb": peak / MIB}
