@@ -127,7 +127,8 @@ def row(tag: str, r: dict, mine: list[str], ref: float, step: tuple[str, list[st
     """One finished run's table row (``step``: the run it builds on and the levers it adds)."""
     low, high = r["top1_ci95"]
     tta = f"{100 * r['top1_tta']:.2f}" if isinstance(r.get("top1_tta"), float) else "–"
-    adds = "–" if step is None else (f"{step[0]}: {', '.join(f'`{w}`' for w in step[1])} "
+    added = ", ".join(f"`{w}`" for w in step[1]) if step else ""
+    adds = "–" if step is None else (f"{step[0]}: {added or 'the same levers'} "
                                      f"({100 * (r['top1'] - finished[step[0]]['top1']):+.2f})")
     shown = ", ".join(f"`{w}`" for w in mine) or "(the short recipe)"
     return (f"| {tag} | {shown} | {curve(r.get('top1_per_epoch'))} | {100 * r['top1']:.2f} "

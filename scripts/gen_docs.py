@@ -54,6 +54,7 @@ LINK = re.compile(r"\]\(([^()#\s]*)#([\w-]+)\)")  # a Markdown link to a heading
 LABEL = re.compile(r"`([^`\n]+)`(?:'s)?\s*$")  # a code span right before a figure: the row it must be read from
 PARAGRAPH_START = re.compile(r"#+ |[ \t]*(?:[-*+]|\d+\.) ")  # a heading or a list item starts a paragraph
 RANKINGS = (("results/cifar10_short", "cifar10-short-ranking"), ("results/cifar10", "cifar10-ranking"))
+NO_RECORDS = "No record under `{folder}` yet: `bash scripts/sweep_cifar10.sh {folder}` writes them."  # empty ranking
 LONG_RUN = "results/cifar10/50ep/vit_cifar/global/seed0.json"  # the convergence run (scripts/convergence.py)
 TEN = "results/cifar10/10ep/vit_cifar/global"
 TUNING, BASELINE = "results/cifar10_tuning", "results/cifar10_short/3ep/vit_cifar/global"  # scripts/ablation.py
@@ -92,14 +93,16 @@ def record_blocks() -> list[tuple[str, str, str, Optional[Callable[[], str]]]]:
     ablation, compare = script("ablation"), script("compare")
     blocks.append((RESULTS, ablation.BLOCK, TUNING, (lambda: ablation.table(Path(TUNING), Path(BASELINE)))
                    if Path(TUNING).is_dir() else None))
+    reference = Path(ablation.LONG_REFERENCE)  # the shipped recipe's own 10-epoch record, once the sweep has it
     long_runs = Path(TUNING).is_dir() and any(ablation.epochs_of(ablation.read(p)) == ablation.LONG_EPOCHS
                                               for p in Path(TUNING).glob("*/vit_cifar/global/seed*.json"))
     blocks.append((RESULTS, ablation.block_name(ablation.LONG_EPOCHS), TUNING, (lambda: ablation.table(
-        Path(TUNING), Path(ablation.LONG_BASELINE), ablation.LONG_EPOCHS, Path(ablation.LONG_REFERENCE),
-        ablation.RECIPE_RUN)) if long_runs else None))
+        Path(TUNING), Path(ablation.LONG_BASELINE), ablation.LONG_EPOCHS,
+        reference if (reference / "seed0.json").is_file() else None, ablation.RECIPE_RUN)) if long_runs else None))
     for folder, block in RANKINGS:
         has = Path(folder).is_dir() and any(Path(folder).rglob("seed*.json"))
-        blocks.append((RESULTS, block, folder, (lambda f=folder: compare.ranking_block(f, RESULTS)) if has else None))
+        empty = (lambda f=folder: NO_RECORDS.format(folder=f)) if Path(folder).is_dir() else None
+        blocks.append((RESULTS, block, folder, (lambda f=folder: compare.ranking_block(f, RESULTS)) if has else empty))
     convergence = script("convergence")
     blocks.append((RESULTS, convergence.BLOCK, LONG_RUN, (lambda: convergence.docs_text(
         Path(LONG_RUN), Path(TEN), Path(RESULTS))) if Path(LONG_RUN).is_file() else None))
