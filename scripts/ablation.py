@@ -113,7 +113,7 @@ def header(recs: list[tuple[str, dict]], base: list[dict], epochs: int, argv: st
         "",
         f"`vit_cifar` + `global`, CIFAR-10, {epochs} epochs, seed 0, {recs[0][1].get('val_images')} validation "
         f"images, {recs[0][1].get('precision')}. Short recipe (`experiment=cifar10_short`) at {epochs} epochs: "
-        f"{100 * ref:.2f} % (mean of {len(base)} seed{'s' if len(base) > 1 else ''}, "
+        f"{100 * ref:.2f} % ({f'mean of {len(base)} seeds' if len(base) > 1 else 'one seed'}, "
         f"{', '.join(sorted({str(r.get('cpu')) for r in base}))}).",
         "",
         "| run | levers on top of `experiment=cifar10_short` | top-1 % per epoch | top-1 % (95 % CI) | Δ short "

@@ -87,7 +87,7 @@ def test_each_length_has_its_own_table_with_the_recipe_as_first_row(tmp_path):
     short = ablation.table(tuning, base)
     assert "t03_long" not in short and "| t01_a |" in short  # a 10-epoch run is not in the 3-epoch table
     rows = ablation.table(tuning, long_base, 10, recipe, "t01_a").splitlines()
-    assert "10 epochs" in rows[2] and "68.00 % (mean of 1 seed," in rows[2]
+    assert "10 epochs" in rows[2] and "68.00 % (one seed, cpu X)" in rows[2]
     assert "--epochs 10" in rows[0] and "--recipe-run t01_a" in rows[0]
     assert rows[-2].startswith("| recipe | `model.stem=conv` | – | 80.00 (79.0–81.0) | +12.00 | – |")
     assert rows[-1].split(" | ")[5] == "recipe: `model.x=2` (+2.00)"  # the length is no lever; the step is
