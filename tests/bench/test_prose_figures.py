@@ -55,16 +55,19 @@ def test_a_value_of_another_sections_table_fails_unless_the_paragraph_links_that
     value = next(v for v in RATIO.findall(other) if v not in RATIO.findall(own))
     quoted = "`linear` train 2.98–3.80×"
     line = line_of(committed, quoted)
-    results.write_text(committed.replace(quoted, f"`linear` train 2.98–{value}×"), encoding="utf-8")
-    with gen_docs.inside(checkout):
-        assert gen_docs.prose_figures("docs/results.md") == [
-            f"docs/results.md, line {line}: the text outside the generated blocks quotes {value} ×, which no "
-            f"generated block holds (blocks of '{PIXELS[4:]}')"]
+    assert results_edited(gen_docs, checkout, committed, quoted, f"`linear` train 2.98–{value}×") == [
+        f"docs/results.md, line {line}: the text outside the generated blocks quotes {value} ×, which no "
+        f"generated block holds (blocks of '{PIXELS[4:]}')"]
     # the same figure passes once its paragraph links the section whose table holds it
     linked = f"`linear` train 2.98–{value}× ([digits](#digits-sweep))"
-    results.write_text(committed.replace(quoted, linked), encoding="utf-8")
+    assert results_edited(gen_docs, checkout, committed, quoted, linked) == []
+
+
+def results_edited(gen_docs, checkout, committed, old, new):
+    """The prose check's errors on docs/results.md with ``old`` replaced by ``new`` in the checkout."""
+    (checkout / "docs" / "results.md").write_text(committed.replace(old, new), encoding="utf-8")
     with gen_docs.inside(checkout):
-        assert gen_docs.prose_figures("docs/results.md") == []
+        return gen_docs.prose_figures("docs/results.md")
 
 
 def test_a_figure_after_a_backend_is_read_from_that_backends_row(gen_docs, checkout):
@@ -76,11 +79,9 @@ def test_a_figure_after_a_backend_is_read_from_that_backends_row(gen_docs, check
     # a value of the same table, in another backend's row
     value = next(v for v in RATIO.findall(own) if v not in RATIO.findall(fnet_row))
     line = line_of(committed, HELD)
-    results.write_text(committed.replace(HELD, f"`fnet` {value}×"), encoding="utf-8")
-    with gen_docs.inside(checkout):
-        assert gen_docs.prose_figures("docs/results.md") == [
-            f"docs/results.md, line {line}: the text outside the generated blocks quotes {value} ×, which no "
-            f"generated block holds in its `fnet` row (blocks of '{PIXELS[4:]}')"]
+    assert results_edited(gen_docs, checkout, committed, HELD, f"`fnet` {value}×") == [
+        f"docs/results.md, line {line}: the text outside the generated blocks quotes {value} ×, which no "
+        f"generated block holds in its `fnet` row (blocks of '{PIXELS[4:]}')"]
 
 
 def test_readme_swapped_backend_figures_fail_in_their_rows(gen_docs, checkout):
