@@ -128,10 +128,10 @@ def test_the_transient_of_an_entry_is_one_of_its_tensors_and_its_ops_workspace()
     assert largest_transient(items) < matrices.nbytes  # no entry's transient is the sum of its tensors
     # relu_linear's depthwise 5×5 over q|k|v (3C channels, a channels-last input): oneDNN's weight gradient with
     # each channel padded to a 16×16 block; swin_cifar's last stage has C = 256
-    assert blocked_weight_grad(768, 1, 1, 5) == 768 * 256 * 25 * 4
+    assert blocked_weight_grad(16, 768, 1, 1, 5) == 768 * 256 * 25 * 4
     relu = vitzoo.create_model("swin_cifar", attention="relu_linear", img_size=16)
-    assert largest_transient(relu.memory(16)) > blocked_weight_grad(768, 1, 1, 5)
-    assert largest_transient(relu.memory(1)) < blocked_weight_grad(768, 1, 1, 5)  # batch 1: the plain layout
+    assert largest_transient(relu.memory(16)) > blocked_weight_grad(16, 768, 1, 1, 5)
+    assert largest_transient(relu.memory(1)) < blocked_weight_grad(16, 768, 1, 1, 5)  # batch 1: the plain layout
 
 
 def test_an_optimizer_state_is_counted_as_it_is():

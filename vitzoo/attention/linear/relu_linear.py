@@ -142,10 +142,9 @@ class ReLULinearAttention(TokenMixer):
         # autocast is off up to the output projection: q/k/v, the aggregation and the core keep float32
         items = [Saved("qkv input", batch * n * C, 4)]
         if S:  # the depthwise convolutions read the grid maps as views of q|k|v [B, N, 3C]
-            # channels-last at batch > 1; at batch 1 oneDNN runs them in the plain layout, with no padded copy
-            depthwise = max(blocked_weight_grad(3 * C, 1, 1, s) for s in self.cfg.scales) if batch > 1 else 0
+            depthwise = max(blocked_weight_grad(batch, 3 * C, 1, 1, s) for s in self.cfg.scales)
             items.append(Saved("q|k|v (projection output)", batch * n * 3 * C, 4, workspace=depthwise))
-        pointwise = blocked_weight_grad(3 * self.num_heads, d, d, 1) if batch > 1 else 0  # 3h groups of d channels
+        pointwise = blocked_weight_grad(batch, 3 * self.num_heads, d, d, 1)  # 3h groups of d channels
         items += [Saved(f"depthwise {s}×{s} output", batch * 3 * C * H * W, 4, workspace=pointwise)
                   for s in self.cfg.scales]
         items += [Saved("ReLU(Q)", wide, 4), Saved("ReLU(K)", wide, 4), Saved("V (heads concatenated)", wide, 4),
@@ -202,16 +201,20 @@ class ReLULinearAttention(TokenMixer):
         return total + self.norm_cost() * n * c  # BatchNorm after the projection
 
 
-def blocked_weight_grad(groups: int, in_per_group: int, out_per_group: int, side: int) -> int:
+def blocked_weight_grad(batch: int, groups: int, in_per_group: int, out_per_group: int, side: int) -> int:
     """Bytes of the weight gradient oneDNN makes in the backward of a grouped ``side × side`` convolution on CPU
-    whose input is channels-last (the aggregation's grid maps, views of q|k|v ``[B, N, 3C]``, at batch > 1): each
-    group's out × in block padded to 16 × 16 (its ``aBCde16c16b`` format), float32, reordered to the weight's layout
-    after.
-    A depthwise convolution of 3C channels holds 256× its weight: 19.7 MB at 3C = 768 and a 5×5 kernel.
+    whose input is channels-last (the aggregation's grid maps, views of q|k|v ``[B, N, 3C]``): each group's
+    out × in block padded to 16 × 16 (its ``aBCde16c16b`` format), float32, reordered to the weight's layout
+    after. A depthwise convolution of 3C channels holds 256× its weight: 19.7 MB at 3C = 768 and a 5×5 kernel.
+    At batch 1 oneDNN runs the convolution in the plain layout, with no padded copy: 0.
 
     Args:
-        groups: the convolution's groups; in_per_group, out_per_group: channels per group; side: kernel side.
+        batch: images per step; groups: the convolution's groups; in_per_group, out_per_group: channels per
+            group; side: kernel side.
     """
+    if batch == 1:
+        return 0
+
     def padded(channels: int) -> int:
         return -(-channels // 16) * 16
 
