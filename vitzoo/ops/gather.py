@@ -72,7 +72,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     dropout or autocast, backward gathers
     the chunk's blocks again and recomputes their probabilities from the saved log-sum-exp (:class:`_BlockSDPA`):
     neither the gathered keys/values, the probabilities nor the output are stored. Elsewhere
-    with a gradient each call is checkpointed (recomputed in backward).
+    with a gradient each chunk is checkpointed (recomputed in backward, one chunk at a time).
 
     Args:
         q: ``[B, c, L_q, d]`` queries of c heads that share the blocks.
@@ -94,8 +94,7 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     if path == "autograd_function":
         return _BlockSDPA.apply(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)
     if path == "checkpoint":
-        return checkpoint(_block_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop,
-                          use_reentrant=False)
+        return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop, recompute=True)
     if path == "cpu_kernel":  # inference
         return _kernel_forward(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale)[0]
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
@@ -107,6 +106,25 @@ def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
     (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
     step = max(1, scale * GATHER_ELEMS // (c * K * d))  # not by batch size: exported graphs keep it dynamic
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, keys: int, itemsize: int,
+                        per_head: bool) -> int:
+    """Bytes one chunk of a checkpointed :func:`block_attention` call allocates while backward recomputes it: its
+    gathered keys and values ``[B, c·m, K, d]`` each (global ones included), the gather before the join and
+    the gradients of both; with per-head ids (``per_head``) also the contiguous copies of ``k`` and ``v``
+    ``[B, c, L, d]`` that :class:`_KeyRows` reads rows from, and their gradients.
+
+    Args:
+        batch, heads, length, head_dim: B, c, L and d of ``k``.
+        keys: keys per block (G + K).
+        itemsize: bytes per element.
+        per_head: the key ids are per head (``[c, n, K]``).
+    """
+    blocks = max(1, FORWARD_SCALE * GATHER_ELEMS // (heads * keys * head_dim))  # m: one chunk's blocks (_chunks)
+    gathered = 2 * 2 * batch * heads * blocks * keys * head_dim  # k, v: gathered and joined
+    rows = 2 * 2 * batch * heads * length * head_dim if per_head else 0  # k, v copies and their gradients
+    return (2 * gathered + rows) * itemsize  # the gathered tensors and their gradients
 
 
 def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
@@ -245,17 +263,29 @@ def _heads_mask(mask: Tensor, part: slice, c: int) -> Tensor:
 
 
 def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
-                k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float, p_drop: float) -> Tensor:
-    """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``."""
+                k_ids: Tensor, mask: Tensor, out_ids: Optional[Tensor], scale: float, p_drop: float,
+                recompute: bool = False) -> Tensor:
+    """:func:`block_attention` through ``F.scaled_dot_product_attention`` (same arguments) -> ``[B, c, L_out, d]``.
+
+    With ``recompute`` each chunk of blocks is checkpointed on its own: backward gathers and recomputes one chunk
+    at a time, so that one chunk's gathered keys, values and SDPA buffers are alive at once, not every chunk's.
+    """
     B, c, _, d = q.shape
     outs = []
-    keys = _KeyRows(k, v, k_glob, v_glob, k_ids)
     for part in _chunks(q, k_ids, FORWARD_SCALE):
-        out = F.scaled_dot_product_attention(_select(q, q_ids, part), *keys(part), attn_mask=_heads_mask(mask, part, c),
-                                             dropout_p=p_drop, scale=scale)  # [B, c·m, S, d]
-        outs.append(out.view(B, c, -1, d))
+        args = (q, k, v, k_glob, v_glob, q_ids, k_ids, mask, part, scale, p_drop)
+        out = checkpoint(_chunk_sdpa, *args, use_reentrant=False) if recompute else _chunk_sdpa(*args)
+        outs.append(out.view(B, c, -1, d))  # [B, c·m, S, d] -> [B, c, m·S, d]
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
     return out if out_ids is None else select_rows(out, out_ids)
+
+
+def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                k_ids: Tensor, mask: Tensor, part: slice, scale: float, p_drop: float) -> Tensor:
+    """Blocks ``part`` of :func:`_block_sdpa`: their queries over their gathered keys, ``[B, c·m, S, d]``."""
+    keys = _KeyRows(k, v, k_glob, v_glob, k_ids)(part)
+    return F.scaled_dot_product_attention(_select(q, q_ids, part), *keys, attn_mask=_heads_mask(mask, part, q.shape[1]),
+                                          dropout_p=p_drop, scale=scale)
 
 
 def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor:

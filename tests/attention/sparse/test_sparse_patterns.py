@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import Host, RecordShapes, attention_yaml, backends, make_attention, token_by_token, use_cpu_kernel
-from torch.utils.checkpoint import checkpoint
 
 from vitzoo import create_model
 from vitzoo.attention import ConfigError, MixerContext, build_attention
@@ -203,14 +202,15 @@ def test_builds_and_trains_in_cifar_models(name, model):
                                               ((7, 9), 0, "flash"), ((7, 9), 1, "chunked"), ((8, 8), 1, "checkpoint")])
 def test_gradients_match_reference(name, grid, prefix, path, monkeypatch):
     """Backward recomputes the gathered blocks (vitzoo's compiled kernel; without it the CPU flash kernel
-    with our backward, or checkpointed SDPA as on GPU or with dropout; in one call or one block per call):
+    with our backward, or SDPA checkpointed chunk by chunk as on GPU or with dropout; in one call or one block per
+    call):
     its gradients for the input and every parameter are those of the dense masked reference."""
     use_cpu_kernel("block_attention", path == "kernel", monkeypatch)
     if path == "chunked":
         monkeypatch.setattr(gather, "GATHER_ELEMS", 1)  # one block per fused call
-    if path == "checkpoint":
-        monkeypatch.setattr(gather._BlockSDPA, "apply", lambda *a: checkpoint(gather._block_sdpa, *a, 0.0,
-                                                                                use_reentrant=False))
+    if path == "checkpoint":  # each chunk of blocks checkpointed on its own (autocast, dropout, GPU), several chunks
+        monkeypatch.setattr(gather, "GATHER_ELEMS", 1)
+        monkeypatch.setattr(gather._BlockSDPA, "apply", lambda *a: gather._block_sdpa(*a, 0.0, recompute=True))
     torch.manual_seed(0)
     attn = make_attention(name, grid, prefix).double().train()
     x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64, requires_grad=True)

@@ -3,12 +3,14 @@
 :func:`pattern_memory` lists what one training forward of the pattern keeps for backward, each storage once
 (:class:`vitzoo.costs.Saved`), following the same choices the forward makes: the block path that
 :mod:`vitzoo.ops.dispatch` picks (``autograd_function`` keeps the blocks' log-sum-exp, ``checkpoint`` under
-autocast only its inputs), halo groups with a relative position bias (:func:`vitzoo.ops.halo.halo_scores`:
-its autograd Function keeps a log-sum-exp), dense and gathered head groups, global rows and learned tokens. Attention
-dropout is taken as 0 (the default): with dropout the fused kernels do not run.
+autocast only its inputs, with one chunk's recomputation declared as the backward's workspace), halo groups with a
+relative position bias (:func:`vitzoo.ops.halo.halo_scores`: its autograd Function keeps a log-sum-exp), dense and
+gathered head groups, global rows and learned tokens. Attention dropout is taken as 0 (the default): with dropout
+the fused kernels do not run.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -17,6 +19,7 @@ from vitzoo.attention.base import Grid
 from vitzoo.attention.sparse.halo import HaloGroup
 from vitzoo.costs import Saved, itemsize
 from vitzoo.ops import dispatch
+from vitzoo.ops.gather import recompute_workspace
 
 
 class Kept:
@@ -29,6 +32,11 @@ class Kept:
         """Keep ``numel`` elements of ``size`` bytes under ``name`` unless a storage of that name is kept already."""
         if numel and name not in self.items:
             self.items[name] = Saved(name, numel, size)
+
+    def add_workspace(self, name: str, nbytes: int) -> None:
+        """Declare ``nbytes`` of workspace on the kept entry ``name`` (the largest declaration stays)."""
+        item = self.items[name]
+        self.items[name] = replace(item, workspace=max(item.workspace, nbytes))
 
     def list(self) -> list[Saved]:
         return list(self.items.values())
@@ -122,6 +130,9 @@ def pattern_memory(attn: Any, grid: Grid, batch: int, amp: Optional[torch.dtype]
                 kept.add(f"group {index} log-sum-exp", B * c * L, 4)  # [B, c, L] fp32
             elif path == "autograd_function":  # gathered blocks: [B, c, Q, S] fp32
                 kept.add(f"group {index} block log-sum-exp", B * c * pat.queries.numel(), 4)
+            else:  # checkpointed chunks: one chunk's gathered keys and values are recomputed at a time
+                ws = recompute_workspace(B, c, P + g + L, d, group.keys.shape[-1], size, group.keys.dim() == 3)
+                kept.add_workspace(q_name, ws)
     return kept.list()
 
 
