@@ -16,7 +16,7 @@ is listed with its curve. Runs are listed in tag order (the order they were trie
     python scripts/ablation.py --docs docs/results.md           # refresh the generated block there
     python scripts/ablation.py --docs docs/results.md --check   # fail if the block differs from the records
     python scripts/ablation.py --epochs 10 --baseline results/cifar10_short/10ep/vit_cifar/global \
-        --reference results/cifar10/10ep/vit_cifar/global --recipe-run t11_crop_pad2 --docs docs/results.md
+        --reference results/cifar10/10ep/vit_cifar/global --recipe-run t15_fullres2_crop2 --docs docs/results.md
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from vitzoo.registry import ConfigError
 BLOCK = "cifar10-ablation"  # the docs block: <!-- cifar10-ablation:begin --> ... <!-- cifar10-ablation:end -->
 BEGIN, END = block_markers(BLOCK)
 SHORT_EPOCHS = 3  # the short recipe's length: its table is BLOCK, a longer one BLOCK-<epochs>ep
-RECIPE_RUN = "t11_crop_pad2"  # the tuning run whose levers experiment=cifar10_fast ships (a test holds them equal)
+RECIPE_RUN = "t15_fullres2_crop2"  # the tuning run whose levers experiment=cifar10_fast ships (a test holds them equal)
 LONG_EPOCHS = 10  # the ranking's length: its table starts from the shipped recipe's own record
 LONG_BASELINE = "results/cifar10_short/10ep/vit_cifar/global"  # the short recipe at LONG_EPOCHS
 LONG_REFERENCE = "results/cifar10/10ep/vit_cifar/global"  # the shipped recipe at LONG_EPOCHS (the ranking's row)
@@ -59,9 +59,11 @@ def curve(values) -> str:
 
 
 def lever_list(command: str) -> list[str]:
-    """The overrides of a tuning command that change the recipe (``+model.stem=conv`` -> ``model.stem=conv``)."""
+    """The overrides of a tuning command that change the recipe (``+model.stem=conv`` -> ``model.stem=conv``); a key
+    given twice keeps its last value, as Hydra does, at its first place."""
     words = shlex.split(command or "")[2:]  # drop "python train.py"
-    return [w.lstrip("+") for w in words if not w.startswith(COMMON)]
+    last = {w.lstrip("+").split("=", 1)[0]: w.lstrip("+") for w in words if not w.startswith(COMMON)}
+    return list(last.values())
 
 
 def levers(command: str) -> str:

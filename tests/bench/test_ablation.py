@@ -55,6 +55,12 @@ def test_each_run_names_the_run_it_builds_on_and_what_it_adds(tmp_path):
     assert steps["t05_e"] == "t01_a: `model.y=2` (+4.00)"  # not t03/t04: they set options t05 leaves alone
 
 
+def test_an_override_given_twice_is_one_lever_with_its_last_value():
+    """Hydra keeps the last value of a key given twice (the tuning script's lr, then the run's own)."""
+    command = "python train.py experiment=cifar10_short optim.lr=7e-4 +model.stem=conv optim.lr=8e-4"
+    assert ablation.lever_list(command) == ["optim.lr=8e-4", "model.stem=conv"]
+
+
 def test_docs_block_is_replaced_idempotently_and_checked(tmp_path, capsys):
     base, tuning = folders(tmp_path)
     docs = tmp_path / "results.md"

@@ -163,7 +163,7 @@ def test_token_reduction_rows_name_the_reduced_model(tmp_path):
 def test_model_options_reach_the_benchmarked_model(tmp_path):
     """``--model-options``: the fast recipe's model levers are built into every row's model (its MACs are the
     conv stem's model's), the row keeps the variant's name so the ranking joins it, and no timm twin runs."""
-    levers = {"stem": "conv", "stem_full_res_convs": 1, "global_pool": "avg", "pos_embed": "sincos"}
+    levers = {"stem": "conv", "stem_full_res_convs": 2, "global_pool": "avg", "pos_embed": "sincos"}
     out = tmp_path / "fast"
     opts = BenchOptions(mode="models", attention=["global"], models=["vit_cifar"], img_sizes=[16], batches=[2],
                         model_options=levers, isolate=False, out=str(out), **TINY)

@@ -31,7 +31,7 @@ class BenchOptions:
             ``"tokenlearner"`` at their defaults; ``None``: none); rows name the model ``<variant>+<reducer>``
             like the training records, and the timm references are skipped.
         model_options: models mode: fields of every model's config on top of its variant (the fast CIFAR-10
-            recipe's ``{"stem": "conv", "stem_full_res_convs": 1, "global_pool": "avg", "pos_embed": "sincos"}``);
+            recipe's ``{"stem": "conv", "stem_full_res_convs": 2, "global_pool": "avg", "pos_embed": "sincos"}``);
             rows keep the variant's name, and the timm references are skipped.
         batches: training/inference batch sizes.
         batch_per_size: models mode: the i-th of ``batches`` runs at the i-th of ``img_sizes`` only (one batch per
