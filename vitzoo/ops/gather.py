@@ -108,7 +108,7 @@ def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, keys: int, itemsize: int,
+def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, blocks: int, keys: int, itemsize: int,
                         per_head: bool) -> int:
     """Bytes one chunk of a checkpointed :func:`block_attention` call allocates while backward recomputes it: its
     gathered keys and values ``[B, c·m, K, d]`` each (global ones included), the gather before the join and
@@ -117,12 +117,12 @@ def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, keys
 
     Args:
         batch, heads, length, head_dim: B, c, L and d of ``k``.
-        keys: keys per block (G + K).
+        blocks, keys: n query blocks of the call and the keys of each (G + K).
         itemsize: bytes per element.
         per_head: the key ids are per head (``[c, n, K]``).
     """
-    blocks = max(1, FORWARD_SCALE * GATHER_ELEMS // (heads * keys * head_dim))  # m: one chunk's blocks (_chunks)
-    gathered = 2 * 2 * batch * heads * blocks * keys * head_dim  # k, v: gathered and joined
+    m = min(blocks, max(1, FORWARD_SCALE * GATHER_ELEMS // (heads * keys * head_dim)))  # one chunk's (_chunks)
+    gathered = 2 * 2 * batch * heads * m * keys * head_dim  # k, v: gathered and joined
     rows = 2 * 2 * batch * heads * length * head_dim if per_head else 0  # k, v copies and their gradients
     return (2 * gathered + rows) * itemsize  # the gathered tensors and their gradients
 

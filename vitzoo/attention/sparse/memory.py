@@ -131,7 +131,8 @@ def pattern_memory(attn: Any, grid: Grid, batch: int, amp: Optional[torch.dtype]
             elif path == "autograd_function":  # gathered blocks: [B, c, Q, S] fp32
                 kept.add(f"group {index} block log-sum-exp", B * c * pat.queries.numel(), 4)
             else:  # checkpointed chunks: one chunk's gathered keys and values are recomputed at a time
-                ws = recompute_workspace(B, c, P + g + L, d, group.keys.shape[-1], size, group.keys.dim() == 3)
+                n, keys = group.keys.shape[-2:]  # [(c,) n, K]
+                ws = recompute_workspace(B, c, P + g + L, d, n, keys, size, group.keys.dim() == 3)
                 kept.add_workspace(q_name, ws)
     return kept.list()
 
