@@ -271,21 +271,30 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
     at a time, so that one chunk's gathered keys, values and SDPA buffers are alive at once, not every chunk's.
     """
     B, c, _, d = q.shape
+    keys = None if recompute else _KeyRows(k, v, k_glob, v_glob, k_ids)  # a recomputed chunk gathers its own
     outs = []
     for part in _chunks(q, k_ids, FORWARD_SCALE):
-        args = (q, k, v, k_glob, v_glob, q_ids, k_ids, mask, part, scale, p_drop)
-        out = checkpoint(_chunk_sdpa, *args, use_reentrant=False) if recompute else _chunk_sdpa(*args)
+        if recompute:
+            out = checkpoint(_chunk_sdpa, q, k, v, k_glob, v_glob, q_ids, k_ids, mask, part, scale, p_drop,
+                             use_reentrant=False)
+        else:
+            out = _sdpa_blocks(q, q_ids, keys(part), mask, part, scale, p_drop)
         outs.append(out.view(B, c, -1, d))  # [B, c·m, S, d] -> [B, c, m·S, d]
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]  # [B, c, n·S, d]
     return out if out_ids is None else select_rows(out, out_ids)
 
 
-def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
-                k_ids: Tensor, mask: Tensor, part: slice, scale: float, p_drop: float) -> Tensor:
-    """Blocks ``part`` of :func:`_block_sdpa`: their queries over their gathered keys, ``[B, c·m, S, d]``."""
-    keys = _KeyRows(k, v, k_glob, v_glob, k_ids)(part)
+def _sdpa_blocks(q: Tensor, q_ids: Tensor, keys: tuple[Tensor, Tensor], mask: Tensor, part: slice, scale: float,
+                 p_drop: float) -> Tensor:
+    """Blocks ``part``: their queries over their gathered keys and values ``keys`` -> ``[B, c·m, S, d]``."""
     return F.scaled_dot_product_attention(_select(q, q_ids, part), *keys, attn_mask=_heads_mask(mask, part, q.shape[1]),
                                           dropout_p=p_drop, scale=scale)
+
+
+def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
+                k_ids: Tensor, mask: Tensor, part: slice, scale: float, p_drop: float) -> Tensor:
+    """Blocks ``part`` of :func:`_block_sdpa`, their keys gathered inside (what a checkpoint recomputes)."""
+    return _sdpa_blocks(q, q_ids, _KeyRows(k, v, k_glob, v_glob, k_ids)(part), mask, part, scale, p_drop)
 
 
 def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor:
