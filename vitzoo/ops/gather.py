@@ -108,25 +108,6 @@ def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, blocks: int, keys: int, itemsize: int,
-                        per_head: bool) -> int:
-    """Bytes one chunk of a checkpointed :func:`block_attention` call allocates while backward recomputes it: its
-    gathered keys and values ``[B, c·m, K, d]`` each (global ones included), the gather before the join and
-    the gradients of both; with per-head ids (``per_head``) also the contiguous copies of ``k`` and ``v``
-    ``[B, c, L, d]`` that :class:`_KeyRows` reads rows from, and their gradients.
-
-    Args:
-        batch, heads, length, head_dim: B, c, L and d of ``k``.
-        blocks, keys: n query blocks of the call and the keys of each (G + K).
-        itemsize: bytes per element.
-        per_head: the key ids are per head (``[c, n, K]``).
-    """
-    m = min(blocks, max(1, FORWARD_SCALE * GATHER_ELEMS // (heads * keys * head_dim)))  # one chunk's (_chunks)
-    gathered = 2 * 2 * batch * heads * m * keys * head_dim  # k, v: gathered and joined
-    rows = 2 * 2 * batch * heads * length * head_dim if per_head else 0  # k, v copies and their gradients
-    return (2 * gathered + rows) * itemsize  # the gathered tensors and their gradients
-
-
 def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
     """``t[B, c, L, d]`` as rows of d elements ``[R, d]`` and the row steps of an image, a head and a token.
 

@@ -19,7 +19,7 @@ from vitzoo.attention.base import Grid
 from vitzoo.attention.sparse.halo import HaloGroup
 from vitzoo.costs import Saved, itemsize
 from vitzoo.ops import dispatch
-from vitzoo.ops.gather import recompute_workspace
+from vitzoo.ops.gather import FORWARD_SCALE, GATHER_ELEMS
 
 
 class Kept:
@@ -40,6 +40,25 @@ class Kept:
 
     def list(self) -> list[Saved]:
         return list(self.items.values())
+
+
+def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, blocks: int, keys: int, itemsize: int,
+                        per_head: bool) -> int:
+    """Bytes one chunk of a checkpointed :func:`~vitzoo.ops.gather.block_attention` call allocates while backward
+    recomputes it: its gathered keys and values ``[B, c·m, K, d]`` each (global ones included), the gather before
+    the join and the gradients of both; with per-head ids (``per_head``) also the contiguous copies of ``k`` and ``v``
+    ``[B, c, L, d]`` that the gather reads rows from, and their gradients.
+
+    Args:
+        batch, heads, length, head_dim: B, c, L and d of ``k``.
+        blocks, keys: n query blocks of the call and the keys of each (G + K).
+        itemsize: bytes per element.
+        per_head: the key ids are per head (``[c, n, K]``).
+    """
+    m = min(blocks, max(1, FORWARD_SCALE * GATHER_ELEMS // (heads * keys * head_dim)))  # one chunk's blocks
+    gathered = 2 * 2 * batch * heads * m * keys * head_dim  # k, v: gathered and joined
+    rows = 2 * 2 * batch * heads * length * head_dim if per_head else 0  # k, v copies and their gradients
+    return (2 * gathered + rows) * itemsize  # the gathered tensors and their gradients
 
 
 def block_path(amp: Optional[torch.dtype], p_drop: float = 0.0) -> str:
