@@ -100,11 +100,16 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     return _block_sdpa(q, k, v, k_glob, v_glob, q_ids, k_ids, mask, out_ids, scale, p_drop)
 
 
+def chunk_blocks(heads: int, keys: int, head_dim: int, scale: int = 1) -> int:
+    """Blocks per fused call: at most ``scale`` × :data:`GATHER_ELEMS` gathered key elements per image (not by batch
+    size: exported graphs keep it dynamic)."""
+    return max(1, scale * GATHER_ELEMS // (heads * keys * head_dim))
+
+
 def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
-    """Block ranges of the fused calls: at most ``scale`` × :data:`GATHER_ELEMS` gathered key elements per image
-    each."""
+    """Block ranges of the fused calls, :func:`chunk_blocks` blocks each."""
     (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
-    step = max(1, scale * GATHER_ELEMS // (c * K * d))  # not by batch size: exported graphs keep it dynamic
+    step = chunk_blocks(c, K, d, scale)
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 

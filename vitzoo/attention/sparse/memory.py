@@ -19,7 +19,7 @@ from vitzoo.attention.base import Grid
 from vitzoo.attention.sparse.halo import HaloGroup
 from vitzoo.costs import Saved, itemsize
 from vitzoo.ops import dispatch
-from vitzoo.ops.gather import FORWARD_SCALE, GATHER_ELEMS
+from vitzoo.ops.gather import FORWARD_SCALE, chunk_blocks
 
 
 class Kept:
@@ -55,7 +55,7 @@ def recompute_workspace(batch: int, heads: int, length: int, head_dim: int, bloc
         itemsize: bytes per element.
         per_head: the key ids are per head (``[c, n, K]``).
     """
-    m = min(blocks, max(1, FORWARD_SCALE * GATHER_ELEMS // (heads * keys * head_dim)))  # one chunk's blocks
+    m = min(blocks, chunk_blocks(heads, keys, head_dim, FORWARD_SCALE))  # one chunk's blocks
     gathered = 2 * 2 * batch * heads * m * keys * head_dim  # k, v: gathered and joined
     rows = 2 * 2 * batch * heads * length * head_dim if per_head else 0  # k, v copies and their gradients
     return (2 * gathered + rows) * itemsize  # the gathered tensors and their gradients
