@@ -61,3 +61,18 @@ def test_memory_of_a_bf16_input_in_a_swin_block(name, grid, one_thread):
     bf16 = torch.bfloat16
     counted, predicted, table = counted_and_predicted(name, grid, bf16, num_prefix=0, input_dtype=bf16)
     assert predicted == counted, f"{name}: memory(input_dtype=bf16) {predicted} B, counted {counted} B\n{table}"
+
+
+@pytest.mark.parametrize("num_prefix,input_dtype,amp", [(1, None, None), (1, None, torch.bfloat16),
+                                                        (0, torch.bfloat16, torch.bfloat16)],
+                         ids=["vit-fp32", "vit-bf16", "swin-bf16"])
+def test_memory_of_axial_passes_that_project_again(num_prefix, input_dtype, amp, monkeypatch, one_thread):
+    """``axial`` where its passes run in several calls (forced here: two lines per call, at 256 tokens): the pass
+    nodes keep their projections' inputs in place of q|k|v, and ``memory()`` follows."""
+    from vitzoo.ops import axial as axial_ops
+
+    monkeypatch.setattr(axial_ops, "lines_per_call", lambda *a: 2)
+    assert make_attention("axial", (16, 16), num_prefix=num_prefix, dim=DIM, heads=HEADS).recomputes((16, 16), False)
+    counted, predicted, table = counted_and_predicted("axial", (16, 16), amp, num_prefix, input_dtype)
+    assert predicted == counted, f"axial: memory() {predicted} B, counted {counted} B\n{table}"
+    assert "q|k|v" not in table

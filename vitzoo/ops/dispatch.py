@@ -21,8 +21,8 @@ Ops and the arguments :func:`select` takes for them:
 * ``block_function`` ``(q, k, v, k_glob, v_glob)``: inside ``block_attention``'s autograd Function, ``cpu_kernel``
   (the compiled block kernel) or ``flash_cpu`` (torch's CPU flash attention per chunk of blocks).
 * ``feature_attention`` ``(kind, qkv, omega, scale)``: ``cpu_kernel`` (the compiled feature kernel) or ``torch``.
-* ``axial_pass`` ``(qkv, p_drop)``: ``autograd_function`` (:mod:`vitzoo.ops.axial`: CPU training without attention
-  dropout, eager) or ``sdpa`` (the backend's per-line SDPA).
+* ``axial_pass`` ``(x, weight, p_drop)`` (the pass's q/k/v projection input and weight): ``autograd_function``
+  (:mod:`vitzoo.ops.axial`: CPU training without attention dropout, eager) or ``sdpa`` (the backend's per-line SDPA).
 * ``fused_qkv`` ``()``: ``plain_forward`` under ``torch.jit.trace`` (which cannot record an autograd Function)
   or ``autograd_function`` (efficient, feature-map and Linformer attention from the fused projection).
 """
@@ -95,9 +95,9 @@ def _block_kernel(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_g
     return p_drop == 0.0 and block_kernel.usable(q, k, v, k_glob, v_glob)
 
 
-def _axial_function(qkv: Tensor, p_drop: float) -> bool:
+def _axial_function(x: Tensor, weight: Tensor, p_drop: float) -> bool:
     """Training on the CPU without attention dropout, eager (not traced or compiled)."""
-    return qkv.device.type == "cpu" and p_drop == 0.0 and not tracing() and _training(qkv, qkv, qkv)
+    return x.device.type == "cpu" and p_drop == 0.0 and not tracing() and _training(x, weight, weight)
 
 
 TABLE: dict[str, tuple[Rule, ...]] = {

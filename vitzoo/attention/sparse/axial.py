@@ -21,11 +21,13 @@ prefix keys in the row pass only and a prefix token's output is its row-pass rea
 Both passes run as fused scaled-dot-product attention over batches of rows and of columns; cost
 N·(H + W) per head and channel, :attr:`AxialAttention.formula`. With ``separate`` projections, CPU training runs
 each pass as one autograd node (:mod:`vitzoo.ops.axial`) that keeps for backward only the pass's q|k|v projection
-output, its output (the next projection's input) and the log-sum-exp.
+output, its output (the next projection's input) and the log-sum-exp. Where a pass runs in several fused calls
+(large grids: :meth:`AxialAttention.recomputes`), its node keeps the projection's input in place of the q|k|v
+and projects again in backward (3NC² multiply-adds per pass), so the layer keeps less than ``global``'s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -75,15 +77,17 @@ class AxialAttention(QKVAttention):
     def forward(self, x: Tensor, grid: Grid) -> Tensor:
         if not self.separate:
             return super().forward(x, grid)
-        y = self.line_pass(self.qkv(x), grid, rows=True)  # [B, N, C]: heads concatenated, the column pass's input
-        return self.proj_drop(self.proj(self.line_pass(self.qkv_col(y), grid, rows=False)))
+        y = self.line_pass(x, self.qkv, grid, rows=True)  # [B, N, C]: heads concatenated, the column pass's input
+        return self.proj_drop(self.proj(self.line_pass(y, self.qkv_col, grid, rows=False)))
 
-    def line_pass(self, qkv: Tensor, grid: Grid, rows: bool) -> Tensor:
-        """One ``separate`` pass from its q|k|v projection output: :func:`vitzoo.ops.axial.line_pass` where
-        :mod:`vitzoo.ops.dispatch` picks it (``axial_pass``), else :meth:`line_attention`.
+    def line_pass(self, x: Tensor, projection: nn.Linear, grid: Grid, rows: bool) -> Tensor:
+        """One ``separate`` pass from its q|k|v projection's input: :func:`vitzoo.ops.axial.line_pass` where
+        :mod:`vitzoo.ops.dispatch` picks it (``axial_pass``), :func:`vitzoo.ops.axial.projected_line_pass` there
+        when the pass runs in several calls (:meth:`recomputes`), else :meth:`line_attention`.
 
         Args:
-            qkv: ``[B, N, 3C]``, prefix tokens first.
+            x: ``[B, N, C]``, prefix tokens first.
+            projection: the pass's q|k|v projection (``qkv`` or ``qkv_col``).
             grid: the token grid (H, W).
             rows: attend along the rows (else along the columns).
 
@@ -91,11 +95,25 @@ class AxialAttention(QKVAttention):
             ``[B, N, C]``: the heads' outputs side by side.
         """
         drop = self.attn_drop.p if self.training else 0.0
-        if dispatch.select("axial_pass", qkv, drop) == "autograd_function":
-            return axial_ops.line_pass(qkv, self.num_heads, grid, self.num_prefix, rows)
-        B, N, _ = qkv.shape
-        o = self.line_attention(*self.to_heads(qkv, 3), grid, rows)  # [B, h, N, d]
+        if dispatch.select("axial_pass", x, projection.weight, drop) == "autograd_function":
+            if self.recomputes(grid, rows):
+                return axial_ops.projected_line_pass(x, projection.weight, projection.bias, self.num_heads, grid,
+                                                     self.num_prefix, rows)
+            return axial_ops.line_pass(projection(x), self.num_heads, grid, self.num_prefix, rows)
+        B, N, _ = x.shape
+        o = self.line_attention(*self.to_heads(projection(x), 3), grid, rows)  # [B, h, N, d]
         return o.transpose(1, 2).reshape(B, N, self.dim)  # [B, N, C]
+
+    def recomputes(self, grid: Grid, rows: bool) -> bool:
+        """Whether CPU training's pass node keeps its projection's input in place of its q|k|v and projects
+        again in backward: where the pass runs in several fused calls (:func:`vitzoo.ops.axial.lines_per_call`),
+        that is at grids whose q|k|v would dominate the layer's memory.
+
+        Args:
+            grid: the token grid (H, W); rows: the row pass (else the column pass).
+        """
+        lines, length = grid if rows else grid[::-1]
+        return axial_ops.lines_per_call(self.dim, length, self.num_prefix) < lines
 
     def line_attention(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid, rows: bool) -> Tensor:
         """One axial pass: each grid token attends to its row (``rows``) or column plus the prefix tokens, each
@@ -179,12 +197,36 @@ class AxialAttention(QKVAttention):
         items += [Saved("qkv_col input (the row pass's output)", B * N * C, size)]  # [B, N, C]
         if amp is not None:
             items += [Saved("qkv_col weight (autocast copy)", 3 * C * C, size)]  # [3C, C]
+        inputs = {"row": "qkv input", "column": "qkv_col input (the row pass's output)"}
         for axis, proj in (("row", "qkv"), ("column", "qkv_col")):  # what each pass's autograd node keeps
-            items += [Saved(f"{axis} q|k|v ({proj} output)", B * N * 3 * C, size),  # [B, N, 3C]
-                      Saved(f"{axis} log-sum-exp", B * h * grid[0] * grid[1], 4)]  # [B, h·lines, length] fp32
+            rows, qkv = axis == "row", B * N * 3 * C * size  # [B, N, 3C]
+            workspace = self.pass_workspace(grid, batch, amp, rows)
+            if self.recomputes(grid, rows):  # the node keeps the input (above) and projects q|k|v again
+                items = [i for i in items if i.name != f"{proj} weight (autocast copy)"]
+                at = next(n for n, i in enumerate(items) if i.name == inputs[axis])
+                # backward holds the q|k|v made again and its gradient beside the pass's workspace
+                items[at] = replace(items[at], workspace=2 * qkv + workspace)
+            else:
+                items.append(Saved(f"{axis} q|k|v ({proj} output)", B * N * 3 * C, size, workspace=workspace))
+            items.append(Saved(f"{axis} log-sum-exp", B * h * grid[0] * grid[1], 4))  # [B, h·lines, length] fp32
             if P:
                 items.append(Saved(f"{axis} prefix log-sum-exp", B * h * P, 4))  # [B, h, P] fp32
         return items
+
+    def pass_workspace(self, grid: Grid, batch: int, amp: Optional[torch.dtype], rows: bool) -> int:
+        """Bytes one pass node's backward allocates beside the q|k|v gradient: one call's group of m lines
+        (:func:`vitzoo.ops.axial.lines_per_call`), its output gradient, queries and outputs ``[B, h·m, length, d]``
+        and its keys and values ``[B, h·m, P + length, d]`` with the gradients of all three; or, with prefix
+        tokens and when larger, the prefix rows' key and value gradients ``[B, h, N, d]``.
+
+        Args:
+            grid: (H, W); batch: images; amp: autocast dtype or None; rows: the row pass (else the column pass).
+        """
+        B, C, P, size = batch, self.dim, self.num_prefix, itemsize(amp)
+        lines, length = grid if rows else grid[::-1]
+        m = min(lines, axial_ops.lines_per_call(C, length, P))
+        group = B * m * C * (4 * length + 4 * (P + length)) * size
+        return max(group, 2 * B * self.seq_len(grid) * C * size if P else 0)
 
     def line_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype], axis: str) -> list[Saved]:
         """What one pass of :meth:`line_attention` keeps (``shared``'s row pass): its fused SDPA's per-line q, k, v
