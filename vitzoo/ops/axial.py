@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from vitzoo.ops.common import slices
 from vitzoo.ops.gather import chunk_blocks
 
 Grid = tuple[int, int]
@@ -99,11 +100,6 @@ def _line_keys(t: Tensor, prefix: int, grid: Grid, rows: bool, part: slice) -> T
     return torch.cat([front, line], dim=2)  # [B, h·m, P + length, d]
 
 
-def _line_groups(lines: int, step: int) -> list[slice]:
-    """Line ranges of the fused calls, ``step`` lines each."""
-    return [slice(i, min(i + step, lines)) for i in range(0, lines, step)]
-
-
 def _pass_forward(qkv: Tensor, heads: int, grid: Grid, P: int, rows: bool,
                   step: int) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """The pass from ``qkv[B, N, 3C]``: its output ``[B, N, C]``, the lines' log-sum-exp ``[B, h, lines, length]``
@@ -116,7 +112,7 @@ def _pass_forward(qkv: Tensor, heads: int, grid: Grid, P: int, rows: bool,
     o_lines = _lines(o, P, grid, rows)  # [B, h, lines, length, d]: a view of out
     lse = qkv.new_empty(B, heads, *o_lines.shape[2:4], dtype=torch.promote_types(qkv.dtype, torch.float32))
     # lse: [B, h, lines, length], fp32 (fp64 for fp64 inputs) as the kernel writes it
-    for part in _line_groups(o_lines.shape[2], step):
+    for part in slices(o_lines.shape[2], step):
         q_l = _flat(q, P, grid, rows, part)  # [B, h·m, length, d]
         o_l, lse_l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q_l, _line_keys(k, P, grid, rows, part), _line_keys(v, P, grid, rows, part), 0.0, False)
@@ -140,7 +136,7 @@ def _pass_backward(qkv: Tensor, out: Tensor, lse: Tensor, lse_p: Optional[Tensor
     g = grad.reshape(B, N, heads, d).transpose(1, 2)  # [B, h, N, d]
     d_qkv = torch.zeros_like(qkv)  # [B, N, 3C]
     d_q, d_k, d_v = _parts(d_qkv, heads)
-    for part in _line_groups(lse.shape[2], step):
+    for part in slices(lse.shape[2], step):
         m = part.stop - part.start
         dq_l, dk_l, dv_l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             _flat(g, P, grid, rows, part), _flat(q, P, grid, rows, part), _line_keys(k, P, grid, rows, part),

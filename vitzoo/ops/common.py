@@ -1,5 +1,5 @@
-"""What the fast paths share: the exp2 scale, (image, head) chunking of the CPU cores, and whether a call is
-being traced or compiled (:func:`vitzoo.cpu_kernels.tracing`)."""
+"""What the fast paths share: the exp2 scale, (image, head) chunking of the CPU cores, ranges of a fixed step, and
+whether a call is being traced or compiled (:func:`vitzoo.cpu_kernels.tracing`)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import torch
 
 from vitzoo.cpu_kernels import tracing
 
-__all__ = ["CHUNK_ELEMENTS", "LOG2E", "chunk_budget", "head_chunks", "tracing"]
+__all__ = ["CHUNK_ELEMENTS", "LOG2E", "chunk_budget", "head_chunks", "slices", "tracing"]
 
 # exp(x) = 2^(x·log2 e): the CPU kernels (window, block and kernel attention) fold log2 e into a scale they
 # apply anyway and call exp2_. torch's CPU exp (MKL's vector exp) is 1.8x slower than exp2 on ordinary inputs,
@@ -43,3 +43,8 @@ def head_chunks(B: int, h: int, per_pair: int, device: torch.device, scale: int 
         return [(slice(b, b + bc), slice(None)) for b in range(0, B, bc)]
     hc = max(1, budget // per_pair)  # heads of one image
     return [(slice(b, b + 1), slice(j, j + hc)) for b in range(B) for j in range(0, h, hc)]
+
+
+def slices(n: int, step: int) -> list[slice]:
+    """``range(n)`` in consecutive slices of ``step`` (the last one shorter)."""
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]

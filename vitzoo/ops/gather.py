@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitzoo.cpu_kernels import block_kernel
 from vitzoo.ops import dispatch
-from vitzoo.ops.common import LOG2E, tracing
+from vitzoo.ops.common import LOG2E, slices, tracing
 
 
 def global_mask(mask: Tensor, num_global: int) -> Tensor:
@@ -109,8 +109,7 @@ def chunk_blocks(heads: int, keys: int, head_dim: int, scale: int = 1) -> int:
 def _chunks(q: Tensor, k_ids: Tensor, scale: int = 1) -> list[slice]:
     """Block ranges of the fused calls, :func:`chunk_blocks` blocks each."""
     (_, c, _, d), (n, K) = q.shape, k_ids.shape[-2:]
-    step = chunk_blocks(c, K, d, scale)
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    return slices(n, chunk_blocks(c, K, d, scale))
 
 
 def _token_rows(t: Tensor) -> tuple[Tensor, int, int, int]:

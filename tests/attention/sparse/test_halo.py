@@ -16,6 +16,7 @@ from vitzoo.attention import ConfigError
 from vitzoo.attention.sparse.geometry import axis_mask
 from vitzoo.attention.sparse.halo import HaloGroup, axis_plan
 from vitzoo.attention.sparse.pattern import SparsePatternAttention
+from vitzoo.ops import halo as halo_ops
 from vitzoo.ops import select
 from vitzoo.ops.halo import halo_scores
 
@@ -122,13 +123,17 @@ def test_relative_position_bias_matches_reference(name, grid, prefix, kernel):
 
 @pytest.mark.parametrize("num_global", [0, 2])
 @pytest.mark.parametrize("dilation", [1, 2])
-def test_biased_halo_function_gradcheck(num_global, dilation):
+@pytest.mark.parametrize("one_block_per_chunk", [False, True])
+def test_biased_halo_function_gradcheck(num_global, dilation, one_block_per_chunk, monkeypatch):
     """The biased halo path's autograd Function (blocks and probabilities recomputed from the log-sum-exp in
-    backward) against numerical gradients for q, k, v, the global keys/values and the bias table; its output is the
-    plain path's."""
+    backward, all blocks at once at this size or one query block per chunk) against numerical gradients for q, k,
+    v, the global keys/values and the bias table; its output is the plain path's."""
     torch.manual_seed(0)
     grid, c, d, k = (6, 7), 2, 4, 3
     group = HaloGroup(c, grid, k, (dilation, dilation), "shift", offsets=True).double()
+    if one_block_per_chunk:
+        assert group.mask.shape[0] > 1
+        monkeypatch.setattr(halo_ops, "chunk_blocks", lambda *a: 1)
     L = grid[0] * grid[1]
     q, kk, v = (torch.randn(2, c, L, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
     k_glob, v_glob = (torch.randn(2, c, num_global, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -141,7 +146,7 @@ def test_biased_halo_function_gradcheck(num_global, dilation):
     assert torch.autograd.gradcheck(fn, (q, kk, v, k_glob, v_glob, table))
     with torch.no_grad():  # inference records the plain ops
         plain = fn(q, kk, v, k_glob, v_glob, table)
-    torch.testing.assert_close(fn(q, kk, v, k_glob, v_glob, table), plain, rtol=0, atol=0)
+    torch.testing.assert_close(fn(q, kk, v, k_glob, v_glob, table), plain, rtol=1e-12, atol=1e-12)
 
 
 def test_dilated_bias_is_indexed_in_steps_of_the_dilation():
