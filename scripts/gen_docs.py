@@ -12,8 +12,8 @@ Sources, one generator each:
 * the CIFAR-10 records: the ablation (``scripts/ablation.py``), the short-recipe and fast-recipe rankings
   (``scripts/compare.py``) and the convergence curve (``scripts/convergence.py``);
 * the whole-model benchmark: README's backend guide (``scripts/backend_guide.py``).
-* the ``--memory-only`` benchmark runs under ``results/benchmark/memory/``: docs/results.md's memory table
-  (:mod:`vitzoo.bench.peak_table`).
+* the ``--memory-only`` benchmark runs under ``results/benchmark/memory/``: docs/results.md's memory table, and
+  under ``results/benchmark/sparse_memory/`` its sparse patterns against ``global`` (:mod:`vitzoo.bench.peak_table`).
 
 A generator whose data is not committed yet is skipped with one line. ``--check`` also fails when a figure (a
 number with a unit) of README's "Results at a glance" or of docs/results.md's text outside its generated blocks is
@@ -108,6 +108,9 @@ def record_blocks() -> list[tuple[str, str, str, Optional[Callable[[], str]]]]:
         Path(LONG_RUN), Path(TEN), Path(RESULTS))) if Path(LONG_RUN).is_file() else None))
     blocks.append((RESULTS, peak_table.BLOCK, str(peak_table.FOLDER), (lambda: peak_table.block_text(
         Path("."), list_attention())) if peak_table.runs(Path(".")) else None))
+    sparse = any((Path(".") / peak_table.SPARSE_FOLDER).glob("**/models.csv"))
+    blocks.append((RESULTS, peak_table.SPARSE_BLOCK, str(peak_table.SPARSE_FOLDER), (lambda: peak_table.sparse_text(
+        Path("."))) if sparse else None))
     guide = script("backend_guide")
     bench = guide.BENCH / "models.csv"
     blocks.append((README, guide.BLOCK, str(bench), (lambda: guide.guide_text(root=Path.cwd()))

@@ -190,3 +190,23 @@ def test_memory_only_jobs_run_side_by_side_each_in_its_own_process(tmp_path):
     assert all(r["train_peak_mb"] > 0 and r["predicted_peak_mb"] > 0 for r in rows)
     assert sorted(json.loads(line)["backend"] for line in (tmp_path / "rows.jsonl").read_text().splitlines()) == [
         "global", "window"]
+
+
+def test_sparse_table_divides_each_peak_by_globals_and_names_those_over_the_bound(tmp_path):
+    folder = tmp_path / pt.SPARSE_FOLDER
+    folder.mkdir(parents=True)
+    rows = [{**_row(b, "vit_cifar", 4097, pred, meas), "amp": amp}
+            for amp, scale in (("none", 1.0), ("bf16", 0.5))
+            for b, pred, meas in (("local", 150.0, 130.0 * scale), ("global", 160.0, 100.0 * scale),
+                                  ("axial", 200.0, 125.0 * scale))]
+    rows[-1] = {**rows[-1], "train_peak_mb": 61.0}  # axial in bf16: 1.22 x global's 50
+    write_csv(rows, MODEL_COLUMNS, folder / "models.csv")
+    (folder / "environment.json").write_text(json.dumps({**ENV, "command": "python scripts/benchmark.py x"}))
+    lines = pt.sparse_text(tmp_path).splitlines()
+    assert lines[0].startswith("> **Machine:** AMD EPYC, 2 cores") and "`python scripts/benchmark.py x`" in lines[0]
+    assert lines[2].startswith("| backend | fp32: measured MB (÷ global) | bf16: measured MB (÷ global) |")
+    assert lines[4].startswith("| `global` | 100 (1.00) | 50.0 (1.00) | 160 | 160 |")  # global first
+    assert lines[5].startswith("| `local` | 130 (1.30) | 65.0 (1.30) |")
+    assert lines[6].startswith("| `axial` | 125 (1.25) | 61.0 (1.22) |")
+    assert lines[-1] == ("0 of 4 sparse configurations at most 1.2× `global`'s measured peak; over: `local` fp32 "
+                         "(1.30), `local` bf16 (1.30), `axial` fp32 (1.25), `axial` bf16 (1.22).")

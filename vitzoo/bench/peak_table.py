@@ -142,3 +142,48 @@ def block_text(root: Path, order: Sequence[str]) -> str:
                     f"the prediction (measured after the steps, `resident_other_mb` − `predicted_runtime_mb`): "
                     f"{sum(abs(q - 1) <= TOLERANCE for q, _ in plus)} of {len(plus)} within 15 %.")
     return "\n".join(parts + ["", summary.replace("15%", "15 %")])
+
+
+SPARSE_FOLDER = Path("results/benchmark/sparse_memory")  # the --memory-only run of the sparse patterns and global
+SPARSE_BLOCK = "memory-sparse"
+SPARSE_BOUND = 1.2  # a sparse pattern's measured peak at most this many times global's
+
+
+def sparse_text(root: Path) -> str:
+    """docs/results.md's table of the sparse patterns' measured training peaks against ``global``'s, from the
+    run(s) under :data:`SPARSE_FOLDER`: one row per backend, one column per precision (``measured MB (÷ global)``),
+    the predicted peak beside it and the two largest saved tensors; then how many are within :data:`SPARSE_BOUND`.
+
+    Args:
+        root: the checkout.
+    """
+    base = root / SPARSE_FOLDER
+    rows, sources = [], []
+    for folder in sorted(p.parent for p in base.glob("**/models.csv")):
+        run_rows, env = read_run(folder)
+        rows += [{**r, "precision": PRECISIONS.get(r.get("amp") or "none", r.get("amp"))} for r in run_rows]
+        sources.append(source_line(env))
+    ok = {(r["backend"], r["precision"]): r for r in rows if r.get("status") == "ok"}
+    precisions = [p for p in PRECISIONS.values() if (("global", p) in ok)]
+    names = list(dict.fromkeys(["global"] + [r["backend"] for r in rows]))
+    header = (["backend"] + [f"{p}: measured MB (÷ global)" for p in precisions]
+              + [f"{p}: predicted MB" for p in precisions] + ["largest saved tensors"])
+    cells, over, checked = [], [], 0
+    for name in names:
+        line = [f"`{name}`"]
+        for p in precisions:
+            r = ok.get((name, p))
+            if r is None:
+                line.append("")
+                continue
+            q = float(r["train_peak_mb"]) / float(ok[("global", p)]["train_peak_mb"])
+            line.append(f"{mb(float(r['train_peak_mb']))} ({q:.2f})")
+            if name != "global":
+                checked += 1
+                over += [f"`{name}` {p} ({q:.2f})"] if q > SPARSE_BOUND else []
+        line += [mb(value(ok[(name, p)].get("predicted_peak_mb") or "")) if (name, p) in ok else "" for p in precisions]
+        line.append(next((ok[(name, p)].get("predicted_top_saved") or "" for p in precisions if (name, p) in ok), ""))
+        cells.append(line)
+    summary = (f"{checked - len(over)} of {checked} sparse configurations at most {SPARSE_BOUND:g}× `global`'s "
+               f"measured peak" + (f"; over: {', '.join(over)}." if over else "."))
+    return "\n".join(sources + ["", markdown(header, cells), "", summary])
