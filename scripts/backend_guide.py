@@ -35,6 +35,8 @@ BLOCK = "backend-guide"  # README's markers: <!-- backend-guide:begin --> ... <!
 BENCH = Path("results/benchmark/whole_model")  # the benchmark's --out folder (relative to the checkout)
 RANKING = Path("results/cifar10_short/ranking.csv")  # the 3-epoch CIFAR-10 ranking (scripts/compare.py)
 EPOCHS = 3  # the CIFAR-10 column's training budget (rows of other budgets in the ranking are left out)
+LONG_RANKING = Path("results/cifar10/ranking.csv")  # the fast recipe's 10-epoch ranking, once it has records
+LONG_EPOCHS = 10  # its training budget
 FASTER = 1.05  # "faster than global": at least 5 % more training images/s (less is within run-to-run drift)
 UNKNOWN = "not measured"
 WIDTH = 115  # the prose's line length (README wraps its paragraphs; the table rows and provenance line stay whole)
@@ -182,28 +184,32 @@ def order() -> list[str]:
     return sorted(names, key=lambda n: (FAMILY_PACKAGES.index(backend_entry(n).family), n))
 
 
-def provenance(env: Mapping[str, Any], ranking: Optional[Path]) -> str:
+def provenance(env: Mapping[str, Any], rankings: Sequence[str]) -> str:
     """The block's machine, command, commit and date line.
 
     Args:
         env: the run's ``environment.json`` (its ``command`` names the benchmark's folder);
-        ranking: the CIFAR-10 column's source as ``--ranking`` named it (``None``: no such column).
+        rankings: the CIFAR-10 columns' sources as the options named them (none: no such column).
     """
     machine = env.get("gpu") if env.get("device") == "cuda" else f"{env.get('cpu_model')}, {env.get('cpu_count')} cores"
-    table = "`python scripts/backend_guide.py`" + (f" (CIFAR-10 column: `{ranking}`)" if ranking else "")
+    named = " and ".join(f"`{r}`" for r in rankings)
+    table = "`python scripts/backend_guide.py`" + (
+        f" (CIFAR-10 column{'s' if len(rankings) > 1 else ''}: {named})" if rankings else "")
     return (f"> **Machine:** {machine}, torch {env.get('torch')} · **Command:** "
             f"`{env.get('command', 'not recorded')}`; table: {table} · **Commit:** `{env.get('git_commit')}` · "
             f"**Date:** {str(env.get('date', 'not recorded'))[:10]}")
 
 
 def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Optional[str] = None,
-          accuracy: Optional[Mapping[str, str]] = None, ranking: Optional[Path] = RANKING) -> str:
+          accuracy: Optional[Mapping[str, str]] = None, ranking: Optional[Path] = RANKING,
+          long_accuracy: Optional[Mapping[str, str]] = None, long_ranking: Optional[Path] = LONG_RANKING) -> str:
     """The Markdown of the backend-guide block (no trailing newline).
 
     Args:
         rows: models.csv rows; env: the run's environment.json; model: the model to show (default: the only one);
-        accuracy: :func:`cifar10`'s cells (empty or ``None``: no CIFAR-10 column);
-        ranking: the CIFAR-10 column's source as the provenance line names it.
+        accuracy: :func:`cifar10`'s cells of the 3-epoch ranking (empty or ``None``: no such column);
+        ranking: that column's source as the provenance line names it;
+        long_accuracy, long_ranking: the same for the fast recipe's 10-epoch ranking (its column comes first).
     """
     model = pick_model(rows, model)
     table = by_size(rows, model)
@@ -212,10 +218,12 @@ def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Opti
     tokens = [(img // patch) ** 2 for img in sizes]  # grid tokens, the class token left out
     toks = [tokens_text(n) for n in tokens]
     base = {img: table[img]["global"] for img in sizes}
-    accuracy = accuracy or {}
+    accuracy, long_accuracy = accuracy or {}, long_accuracy or {}
+    columns = [(f"CIFAR-10 top-1 ({n} epochs)", cells) for n, cells in ((LONG_EPOCHS, long_accuracy),
+                                                                        (EPOCHS, accuracy)) if cells]
     head = (["backend", "family", "cost (multiply-adds, one image)"]
             + [f"speed × global, {t} tokens" for t in toks] + [f"memory × global, {t} tokens" for t in toks]
-            + ["pays off"] + ([f"CIFAR-10 top-1 ({EPOCHS} epochs)"] if accuracy else []))
+            + ["pays off"] + [label for label, _ in columns])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     faster: dict[int, list[tuple[float, str]]] = {n: [] for n in tokens}
     for name in order():
@@ -230,7 +238,7 @@ def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Opti
                 faster[n].append((s, name))
         cells = [f"`{name}`", entry.family.replace("_", " "), f"`{entry.formula}`",
                  *map(times, speeds), *map(times, memory), verdict]
-        lines.append("| " + " | ".join(cells + ([accuracy.get(name, "pending")] if accuracy else [])) + " |")
+        lines.append("| " + " | ".join(cells + [c.get(name, "pending") for _, c in columns]) + " |")
     extra = sorted({r["backend"] for size in table.values() for r in size.values()} - set(list_attention()))
     g = [base[img] for img in sizes]
     options = env.get("options", {})
@@ -247,6 +255,10 @@ def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Opti
         "`global`. Symbols: N tokens, C channels, h heads, d = C/h; the rest are defined in "
         "[docs/backends.md](docs/backends.md#attention-backends), which also lists every backend's options; one "
         "attention layer alone is in [docs/results.md](docs/results.md#one-attention-layer-versus-tokens).")
+    if long_accuracy:
+        intro += (f" CIFAR-10 top-1 at {LONG_EPOCHS} epochs: `{model}`, {long_accuracy['experiment']} (the fast "
+                  "recipe), one seed or the mean of two, \"pending\" until the sweep has the backend's record; the "
+                  "[ranking](docs/results.md#the-fast-recipe-every-backend-at-10-epochs) has the intervals.")
     if accuracy:
         intro += (f" CIFAR-10 top-1: `{model}`, {EPOCHS} epochs of {accuracy['experiment']} (early learning), one "
                   "seed or the mean of two; the [ranking](docs/results.md#the-short-recipe-every-backend-at-3-epochs-"
@@ -257,7 +269,8 @@ def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Opti
         names = ", ".join(f"`{b}` {s:.2f}×" for s, b in best) or "none"
         verb = "backend pays" if len(best) == 1 else "backends pay"
         summary.append(f"at {t} tokens {len(best)} {verb} off ({names})")
-    out = [provenance(env, ranking if accuracy else None), "", wrap(intro), "", *lines, "",
+    sources = [str(r) for r, cells in ((long_ranking, long_accuracy), (ranking, accuracy)) if cells and r]
+    out = [provenance(env, sources), "", wrap(intro), "", *lines, "",
            wrap("In short: " + "; ".join(summary) + ".")]
     if extra:
         out += ["", f"Rows of unregistered backends left out: {', '.join(f'`{e}`' for e in extra)}."]
@@ -265,17 +278,23 @@ def block(rows: Sequence[Mapping[str, str]], env: Mapping[str, Any], model: Opti
 
 
 def guide_text(bench: Path = BENCH, ranking: Optional[Path] = RANKING, model: Optional[str] = None,
-               root: Path = ROOT) -> str:
-    """The block from the benchmark folder ``bench`` and the ranking CSV ``ranking`` (relative paths under ``root``).
+               root: Path = ROOT, long_ranking: Optional[Path] = LONG_RANKING) -> str:
+    """The block from the benchmark folder ``bench`` and the ranking CSVs (relative paths under ``root``).
 
     Args:
-        bench: the whole-model benchmark folder; ranking: the CIFAR-10 ranking.csv (None: no CIFAR-10 column);
-        model: the model whose rows to show (default: the only one measured); root: the checkout.
+        bench: the whole-model benchmark folder; ranking: the 3-epoch CIFAR-10 ranking.csv (None: no such column);
+        model: the model whose rows to show (default: the only one measured); root: the checkout;
+        long_ranking: the fast recipe's 10-epoch ranking.csv (None, or not written yet: no such column).
     """
-    rows, env = read_bench(bench if bench.is_absolute() else root / bench)
+    def under(path: Optional[Path]) -> Optional[Path]:
+        return path if path is None or path.is_absolute() else root / path
+
+    rows, env = read_bench(under(bench))
     model = pick_model(rows, model)
-    accuracy = cifar10(ranking if ranking is None or ranking.is_absolute() else root / ranking, model)
-    return block(rows, env, model, accuracy, ranking)
+    accuracy = cifar10(under(ranking), model)
+    long = under(long_ranking)
+    long_accuracy = cifar10(long, model, LONG_EPOCHS) if long is not None and long.is_file() else {}
+    return block(rows, env, model, accuracy, ranking, long_accuracy, long_ranking)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -287,14 +306,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/backend_guide.py", description=__doc__.splitlines()[0])
     p.add_argument("--bench", default=str(BENCH),
                    help="the whole-model benchmark folder (models.csv and environment.json)")
-    p.add_argument("--ranking", default=str(RANKING), help="CIFAR-10 ranking.csv for the top-1 column ('' for none)")
+    p.add_argument("--ranking", default=str(RANKING),
+                   help="CIFAR-10 ranking.csv for the 3-epoch top-1 column ('' for none)")
+    p.add_argument("--long-ranking", default=str(LONG_RANKING),
+                   help="the fast recipe's 10-epoch ranking.csv for its top-1 column ('' for none; absent: none)")
     p.add_argument("--model", default=None, help="the model whose rows to show (default: the only one measured)")
     p.add_argument("--docs", default=str(ROOT / "README.md"), help="the Markdown file holding the block")
     p.add_argument("--check", action="store_true", help="compare only; exit 1 if the block differs")
     p.add_argument("--print", dest="show", action="store_true", help="print the block, write nothing")
     a = p.parse_args(argv)
     try:
-        text = guide_text(Path(a.bench), Path(a.ranking) if a.ranking else None, a.model)
+        text = guide_text(Path(a.bench), Path(a.ranking) if a.ranking else None, a.model,
+                          long_ranking=Path(a.long_ranking) if a.long_ranking else None)
         if a.show:
             print(text)
             return 0

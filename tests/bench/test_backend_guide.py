@@ -63,8 +63,9 @@ def generate(tmp_path, *extra):
     docs = tmp_path / "README.md"
     if not docs.exists():
         docs.write_text(f"# vitzoo\n\n## Choosing a backend\n\n{BEGIN}\nold\n{END}\n\n## Next\n")
+    long = [] if "--long-ranking" in extra else ["--long-ranking", ""]  # the checkout's own ranking stays out
     args = ["--bench", str(write_bench(tmp_path / "bench")), "--ranking", str(write_ranking(tmp_path / "r.csv")),
-            "--docs", str(docs), *extra]
+            "--docs", str(docs), *long, *extra]
     return guide.main(args), docs
 
 
@@ -207,3 +208,16 @@ def test_run_benchmark_keeps_the_command_in_environment_json(tmp_path, monkeypat
     run.run_benchmark(BenchOptions(mode="models", attention=["global"], isolate=False, out=str(out), references=False),
                       log=lambda msg: None, command=COMMAND)
     assert json.loads((out / "environment.json").read_text())["command"] == COMMAND
+
+
+def test_the_fast_recipes_ranking_adds_a_10_epoch_column_first_pending_where_a_record_is_missing(tmp_path):
+    long = write_ranking(tmp_path / "long.csv", [("global", 10, 81.96), ("mixer", 10, 80.5), ("window", 3, 50.0)])
+    status, docs = generate(tmp_path, "--long-ranking", str(long))
+    assert status == 0
+    text = docs.read_text()
+    assert "| pays off | CIFAR-10 top-1 (10 epochs) | CIFAR-10 top-1 (3 epochs) |" in text
+    assert "| the baseline | 81.96 % | 55.67 % |" in text  # global: the fast recipe's first
+    assert row("window", "1.50×", "4.00×", "1.50×", "0.50×", "from 1,024 tokens", "pending",
+               "53.04 %") in text  # a 3-epoch row of the long ranking is not a 10-epoch result
+    assert f"(CIFAR-10 columns: `{long}` and `{tmp_path / 'r.csv'}`)" in text
+    assert "10 epochs: `vit_cifar`, `experiment=zoo_cifar10_short` (the fast recipe)" in " ".join(text.split())
