@@ -40,6 +40,17 @@ def read_run(folder: Path) -> tuple[list[dict[str, str]], dict[str, Any]]:
     return read_csv(folder / "models.csv")[1], env
 
 
+def read_runs(folders: Sequence[Path]) -> tuple[list[dict[str, str]], list[str]]:
+    """The rows of every run in ``folders``, each with its ``precision`` (fp32 or bf16), and each run's
+    :func:`source_line`."""
+    rows, sources = [], []
+    for folder in folders:
+        run_rows, env = read_run(folder)
+        rows += [{**r, "precision": PRECISIONS.get(r.get("amp") or "none", r.get("amp"))} for r in run_rows]
+        sources.append(source_line(env))
+    return rows, sources
+
+
 def source_line(env: Mapping[str, Any]) -> str:
     """One run's machine, command, commit and date, from its ``environment.json``."""
     machine = env.get("gpu") if env.get("device") == "cuda" else f"{env.get('cpu_model')}, {env.get('cpu_count')} cores"
@@ -117,11 +128,7 @@ def block_text(root: Path, order: Sequence[str]) -> str:
     Args:
         root: the checkout; order: every registered backend's name, in the order the tables list them.
     """
-    rows, sources = [], []
-    for folder in runs(root):
-        run_rows, env = read_run(folder)
-        rows += [{**r, "precision": PRECISIONS.get(r.get("amp") or "none", r.get("amp"))} for r in run_rows]
-        sources.append(source_line(env))
+    rows, sources = read_runs(runs(root))
     parts = sources[:]
     models = list(dict.fromkeys(r["model"] for r in rows))
     for model in models:
@@ -157,12 +164,7 @@ def sparse_text(root: Path) -> str:
     Args:
         root: the checkout.
     """
-    base = root / SPARSE_FOLDER
-    rows, sources = [], []
-    for folder in sorted(p.parent for p in base.glob("**/models.csv")):
-        run_rows, env = read_run(folder)
-        rows += [{**r, "precision": PRECISIONS.get(r.get("amp") or "none", r.get("amp"))} for r in run_rows]
-        sources.append(source_line(env))
+    rows, sources = read_runs(sorted(p.parent for p in (root / SPARSE_FOLDER).glob("**/models.csv")))
     ok = {(r["backend"], r["precision"]): r for r in rows if r.get("status") == "ok"}
     precisions = [p for p in PRECISIONS.values() if (("global", p) in ok)]
     names = list(dict.fromkeys(["global"] + [r["backend"] for r in rows]))
