@@ -15,7 +15,7 @@ from vitzoo.registry import ConfigError
 def test_every_op_ends_with_a_path_that_always_applies():
     """select never runs out of implementations: the last rule of each op holds for any call."""
     assert set(TABLE) == {"window_attention", "sparse_pattern", "block_attention", "halo_scores", "block_function",
-                          "feature_attention", "axial_pass", "fused_qkv"}
+                          "feature_attention", "axial_pass", "fused_qkv", "sdpa"}
     for op in TABLE:
         names = implementations(op)
         assert len(names) == len(set(names)) >= 2, op

@@ -16,6 +16,8 @@ from torch import Tensor
 
 from vitzoo.attention.base import Grid
 from vitzoo.ops.common import tracing
+from vitzoo.ops.dispatch import select
+from vitzoo.ops.sdpa import fp32_backward_sdpa
 
 _COUNTING = [False]  # inside counting_trace()
 
@@ -76,10 +78,20 @@ def sdpa_flops(batch: int, heads: int, nq: int, nk: int, d: int, dv: Optional[in
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0) -> Tensor:
-    """``F.scaled_dot_product_attention`` (fused kernels); vitzoo's fvcore handle counts it.
+    """``F.scaled_dot_product_attention`` (fused kernels); vitzoo's fvcore handle counts it. CPU training in bf16 or
+    fp16 on short key sequences runs the same forward with its backward in fp32 (:mod:`vitzoo.ops.sdpa`, picked by
+    ``select("sdpa", ...)``).
+
+    Args:
+        q: ``[B, h, Nq, d]``; k: ``[B, h, Nk, d]``; v: ``[B, h, Nk, dv]``.
+        attn_mask: additive or boolean mask broadcastable to ``[B, h, Nq, Nk]``, or ``None``.
+        dropout_p: attention dropout probability.
 
     Some CPU kernels turn a NaN query into finite weights; as ``softmax(QKᵀ)V`` defines, a query with a
     non-finite entry gives a non-finite output row here (the added term is 0 for finite queries).
     """
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    if select("sdpa", q, k, v, attn_mask, dropout_p) == "fp32_backward":
+        out = fp32_backward_sdpa(q, k, v, attn_mask)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     return out + q.sum(dim=-1, keepdim=True) * 0

@@ -9,6 +9,8 @@ here and are picked through one dispatch (:mod:`.dispatch`: ``select(op, ...)``)
 * :mod:`.exp_shift`: FAVOR+'s ``exp(proj - shift)`` with a lean backward.
 * :mod:`.gather`, :mod:`.halo`: blocked sparse attention over gathered key lists and haloed query blocks.
 * :mod:`.axial`: one pass of axial attention (rows or columns) from the fused projection in one autograd node.
+* :mod:`.sdpa`: CPU's fused attention with its backward on fp32 copies for short key sequences under bf16/fp16
+  (the SDPA of :func:`vitzoo.attention.functional.sdpa` and of axial attention's pass node).
 * :mod:`.common`: the exp2 scale and (image, head) chunking they share.
 
 The compiled CPU kernels (:mod:`vitzoo.cpu_kernels`) are called from here only. This package imports

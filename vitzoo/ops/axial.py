@@ -5,7 +5,8 @@ Every grid token attends to the tokens of its row (or column) and the P prefix t
 tokens, through torch's CPU flash attention, one group of lines per call (:func:`lines_per_call`). Backward keeps
 only the projection output ``qkv``, the pass's output ``[B, N, C]`` (the next linear layer's input: one storage)
 and the log-sum-exp; the per-line copies of q, k and v that the fused kernel reads, and its output in line order,
-are made again in backward, one group at a time, so that a call's copies and gradients stay a group's size.
+are made again in backward, one group at a time, so that a call's copies and gradients stay a group's size; under
+bf16 or fp16, short lines run the backward kernel on fp32 copies (:func:`vitzoo.ops.sdpa.flash_backward`).
 Which path runs a call is ``axial_pass`` in :mod:`vitzoo.ops.dispatch`.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.nn import functional as F
 
 from vitzoo.ops.common import slices
 from vitzoo.ops.gather import chunk_blocks
+from vitzoo.ops.sdpa import flash_backward
 
 Grid = tuple[int, int]
 
@@ -138,10 +140,10 @@ def _pass_backward(qkv: Tensor, out: Tensor, lse: Tensor, lse_p: Optional[Tensor
     d_q, d_k, d_v = _parts(d_qkv, heads)
     for part in slices(lse.shape[2], step):
         m = part.stop - part.start
-        dq_l, dk_l, dv_l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dq_l, dk_l, dv_l = flash_backward(
             _flat(g, P, grid, rows, part), _flat(q, P, grid, rows, part), _line_keys(k, P, grid, rows, part),
             _line_keys(v, P, grid, rows, part), _flat(o, P, grid, rows, part),
-            lse[:, :, part].reshape(B, heads * m, -1), 0.0, False)
+            lse[:, :, part].reshape(B, heads * m, -1))
         lines = _lines(d_q, P, grid, rows)[:, :, part]  # [B, h, m, length, d]
         lines.copy_(dq_l.view(lines.shape))
         for dst, src in ((d_k, dk_l), (d_v, dv_l)):
@@ -150,8 +152,7 @@ def _pass_backward(qkv: Tensor, out: Tensor, lse: Tensor, lse_p: Optional[Tensor
             if P:  # the prefix keys of every line
                 dst[:, :, :P] += src[:, :, :, :P].sum(dim=2)
     if P:
-        dq_p, dk_p, dv_p = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            g[:, :, :P].contiguous(), q[:, :, :P], k, v, o[:, :, :P].contiguous(), lse_p, 0.0, False)
+        dq_p, dk_p, dv_p = flash_backward(g[:, :, :P].contiguous(), q[:, :, :P], k, v, o[:, :, :P].contiguous(), lse_p)
         d_q[:, :, :P] = dq_p
         d_k.add_(dk_p)
         d_v.add_(dv_p)

@@ -23,6 +23,9 @@ Ops and the arguments :func:`select` takes for them:
 * ``feature_attention`` ``(kind, qkv, omega, scale)``: ``cpu_kernel`` (the compiled feature kernel) or ``torch``.
 * ``axial_pass`` ``(x, weight, p_drop)`` (the pass's q/k/v projection input and weight): ``autograd_function``
   (:mod:`vitzoo.ops.axial`: CPU training without attention dropout, eager) or ``sdpa`` (the backend's per-line SDPA).
+* ``sdpa`` ``(q, k, v, attn_mask, dropout_p)``: ``fp32_backward`` (:mod:`vitzoo.ops.sdpa`: CPU training in bf16 or
+  fp16 on short key sequences, the fused forward with its backward on fp32 copies) or ``native``
+  (``F.scaled_dot_product_attention``).
 * ``fused_qkv`` ``()``: ``plain_forward`` under ``torch.jit.trace`` (which cannot record an autograd Function)
   or ``autograd_function`` (efficient, feature-map and Linformer attention from the fused projection).
 """
@@ -33,6 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
+import vitzoo.ops.sdpa as sdpa_ops
 import vitzoo.ops.window as window_ops
 from vitzoo.cpu_kernels import block_kernel, feature_kernel, tracing
 from vitzoo.registry import ConfigError
@@ -110,6 +114,7 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     "feature_attention": (("cpu_kernel", feature_kernel.usable), ("torch", _always)),
     "axial_pass": (("autograd_function", _axial_function), ("sdpa", _always)),
     "fused_qkv": (("plain_forward", torch.jit.is_tracing), ("autograd_function", _always)),
+    "sdpa": (("fp32_backward", sdpa_ops.applies), ("native", _always)),
 }
 
 

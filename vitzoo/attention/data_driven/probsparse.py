@@ -35,6 +35,7 @@ from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, QKVAttention, check, check_positive
 from vitzoo.attention.functional import sdpa
 from vitzoo.costs import Saved, itemsize
+from vitzoo.ops.sdpa import fp32_backward_workspace
 
 HASH_A, HASH_B, HASH_L = 2654435761, 40503, 97  # multipliers of the eval sample index (odd, spread over N)
 RAW_HIGH = 1 << 62  # training draws are uniform in [0, 2^62); key = draw mod n (bias below n / 2^62)
@@ -236,7 +237,8 @@ class ProbSparseAttention(QKVAttention):
         the scatter of their rows keep the top-u indices. The mean of V and the scatter keep no activation."""
         n, h, d, C, size = self.seq_len(grid), self.num_heads, self.head_dim, self.dim, itemsize(amp)
         u = sample_count(self.cfg.factor, n)
-        return [Saved("q|k|v (projection output)", batch * n * 3 * C, size),  # [B, N, 3C]: k, v saved by SDPA
+        workspace = fp32_backward_workspace(batch * h, u, n, d, amp=amp)  # the u active rows' fp32 backward
+        return [Saved("q|k|v (projection output)", batch * n * 3 * C, size, workspace=workspace),  # [B, N, 3C]
                 Saved("top-u query indices", batch * h * u, 8),  # [B, h, u] int64: gather and scatter index
                 Saved("active queries", batch * h * u * d, size),  # [B, h, u, d] gathered q
                 Saved("active attention output", batch * h * u * d, size),  # [B, h, u, d]

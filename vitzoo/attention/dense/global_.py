@@ -18,6 +18,7 @@ from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention
 from vitzoo.attention.functional import dense_attention, sdpa, sdpa_flops
 from vitzoo.costs import Saved, itemsize
+from vitzoo.ops.sdpa import fp32_backward_workspace
 
 
 @dataclass
@@ -49,8 +50,10 @@ class GlobalAttention(QKVAttention):
 
     def attend_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype]) -> list[Saved]:
         n, h, C, size = self.seq_len(grid), self.num_heads, self.dim, itemsize(amp)
-        # CPU's fused kernel keeps q, k, v (views of the projection's output), its output and the row log-sum-exp
-        return [Saved("q|k|v (projection output)", batch * n * 3 * C, size),
+        # CPU's fused kernel keeps q, k, v (views of the projection's output), its output and the row log-sum-exp;
+        # on short sequences under amp its backward works on fp32 copies (the workspace)
+        workspace = fp32_backward_workspace(batch * h, n, n, C // h, amp=amp)
+        return [Saved("q|k|v (projection output)", batch * n * 3 * C, size, workspace=workspace),
                 Saved("attention output", batch * n * C, size), Saved("row log-sum-exp", batch * h * n, 4)]
 
     def reference_attend(self, q: Tensor, k: Tensor, v: Tensor, grid: Grid) -> Tensor:

@@ -31,6 +31,7 @@ from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, MixerContext, TokenMixer, check, check_positive
 from vitzoo.attention.functional import dense_attention, sdpa
 from vitzoo.costs import Saved, itemsize
+from vitzoo.ops.sdpa import fp32_backward_workspace
 
 
 @dataclass
@@ -173,7 +174,8 @@ class CompressedAttention(TokenMixer):
         items += [
             Saved("q (projection output)", B * n * C, size),  # [B, N, C]
             Saved("k|v (projection output)", B * keys * 2 * C, size),  # [B, K, 2C]
-            Saved("attention output", B * n * C, size),  # [B, h, N, d]
+            Saved("attention output", B * n * C, size,  # [B, h, N, d]; its fp32 backward on short key sequences
+                  workspace=fp32_backward_workspace(B * h, n, keys, C // h, amp=amp)),
             Saved("row log-sum-exp (fp32)", B * h * n, 4),  # [B, h, N]
             Saved("proj input", B * n * C, size),  # [B, N, C]
         ]

@@ -43,6 +43,7 @@ from vitzoo.attention import register_attention
 from vitzoo.attention.base import Grid, QKVAttention, check_positive
 from vitzoo.attention.functional import sdpa
 from vitzoo.costs import Saved, itemsize
+from vitzoo.ops.sdpa import fp32_backward_workspace
 
 
 @dataclass
@@ -131,7 +132,10 @@ class NystromAttention(QKVAttention):
         _, m, _ = segments(n, self.cfg.landmarks)
         bh = batch * h
         items = [
-            Saved("q|k|v (projection output)", batch * n * 3 * self.dim, size),  # [B, N, 3C]
+            # [B, N, 3C]; the fp32 backward workspace of the SDPA calls (m rows over N keys, N rows over m keys)
+            Saved("q|k|v (projection output)", batch * n * 3 * self.dim, size,
+                  workspace=max(fp32_backward_workspace(bh, m, n, d, amp=amp),
+                                fp32_backward_workspace(bh, n, m, d, amp=amp))),
             Saved("query landmarks", bh * m * d, size), Saved("key landmarks", bh * m * d, size),  # [B, h, m, d]
             Saved("landmark kernel softmax(Q̃K̃ᵀ/√d)", bh * m * m, size),  # [B, h, m, m]
             Saved("SDPA output softmax(Q̃Kᵀ/√d)V", bh * m * d, size),  # [B, h, m, d]

@@ -39,6 +39,7 @@ from vitzoo.attention.functional import sdpa
 from vitzoo.costs import Saved, itemsize
 from vitzoo.ops import axial as axial_ops
 from vitzoo.ops import dispatch
+from vitzoo.ops.sdpa import fp32_backward_workspace
 
 PROJECTIONS = ("separate", "shared")
 
@@ -217,16 +218,21 @@ class AxialAttention(QKVAttention):
         """Bytes one pass node's backward allocates beside the q|k|v gradient: one call's group of m lines
         (:func:`vitzoo.ops.axial.lines_per_call`), its output gradient, queries and outputs ``[B, h·m, length, d]``
         and its keys and values ``[B, h·m, P + length, d]`` with the gradients of all three; or, with prefix
-        tokens and when larger, the prefix rows' key and value gradients ``[B, h, N, d]``.
+        tokens and when larger, the prefix rows' key and value gradients ``[B, h, N, d]``. Under bf16 or fp16 on
+        short lines (or a short sequence for the prefix rows) the fp32 copies of the backward kernel's tensors come
+        on top (:func:`vitzoo.ops.sdpa.fp32_backward_workspace`).
 
         Args:
             grid: (H, W); batch: images; amp: autocast dtype or None; rows: the row pass (else the column pass).
         """
-        B, C, P, size = batch, self.dim, self.num_prefix, itemsize(amp)
+        B, C, P, h, d, size = batch, self.dim, self.num_prefix, self.num_heads, self.head_dim, itemsize(amp)
         lines, length = grid if rows else grid[::-1]
         m = min(lines, axial_ops.lines_per_call(C, length, P))
         group = B * m * C * (4 * length + 4 * (P + length)) * size
-        return max(group, 2 * B * self.seq_len(grid) * C * size if P else 0)
+        group += fp32_backward_workspace(B * h * m, length, P + length, d, amp=amp)  # short lines under amp
+        N = self.seq_len(grid)
+        prefix = 2 * B * N * C * size + fp32_backward_workspace(B * h, P, N, d, amp=amp) if P else 0
+        return max(group, prefix)
 
     def line_memory(self, grid: Grid, batch: int, amp: Optional[torch.dtype], axis: str) -> list[Saved]:
         """What one pass of :meth:`line_attention` keeps (``shared``'s row pass): its fused SDPA's per-line q, k, v
