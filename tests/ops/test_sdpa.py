@@ -111,3 +111,40 @@ def test_flash_backward_runs_fp32_on_short_keys_only(nk, fp32):
     ref = _grads(_dense(*ref_inputs), ref_inputs, grad.double())
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.double(), b, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["global", "bigbird", "axial", "nystrom"])
+def test_backends_train_the_same_function_through_either_backward(name, monkeypatch):
+    """Under bf16 autocast a backend's output is the same with the fp32 backward as with the native one (the
+    forward kernel does not change), and its input gradient agrees within bf16 rounding."""
+    from conftest import make_attention
+
+    from vitzoo.ops import dispatch
+
+    torch.manual_seed(0)
+    attn = make_attention(name, (8, 8), 1, dim=32, heads=4).train()
+    x = torch.randn(2, 65, 32)
+
+    def step(amp=True):
+        xg = x.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+            out = attn(xg, (8, 8))
+        out.float().pow(2).sum().backward()
+        return out.detach(), xg.grad
+
+    calls = []
+    monkeypatch.setattr(dispatch.sdpa_ops, "_BACKWARD", lambda *a, **kw: calls.append(a[1].dtype) or BACKWARD(*a, **kw))
+    fast = step()
+    assert torch.float32 in calls  # the fp32 kernel ran
+    monkeypatch.setattr(dispatch.sdpa_ops, "FP32_BACKWARD_KEYS", 0)
+    native = step()
+    assert torch.equal(fast[0], native[0])
+    attn.double()
+    x = x.double()
+    exact = step(amp=False)[1]  # fp64, no autocast
+    scale = exact.abs().max()
+    err_fast, err_native = ((g.double() - exact).abs().max() / scale for g in (fast[1], native[1]))
+    assert err_fast < 0.05 and err_native < 0.05
+
+
+BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward

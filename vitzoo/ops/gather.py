@@ -3,14 +3,14 @@
 Paper: Zaheer et al., "Big Bird: Transformers for Longer Sequences", NeurIPS 2020,
 https://arxiv.org/abs/2007.14062 (block-sparse attention over gathered key blocks).
 
-Queries come in n blocks of S tokens that share one list of keys: the G global keys every query
-sees, then the block's own K keys. On the CPU (float32/float64) :func:`block_attention` runs vitzoo's
-compiled kernel (:mod:`vitzoo.cpu_kernels.block_kernel`); otherwise, and where it cannot be built, it
-gathers them with ``index_select`` and runs one fused SDPA call per chunk of blocks, ``[B, c·n, S, d]``
-against ``[B, c·n, G + K, d]``. Scores ``[B, h, N, N]`` never exist. In training the gathered
-keys/values and the probabilities are recomputed in backward instead of being stored. Used by
-BigBird's block groups through :class:`vitzoo.attention.sparse.pattern.SparsePatternAttention` and by the
-halo groups (:mod:`vitzoo.ops.halo`). Which path runs a call is ``block_attention`` in :mod:`vitzoo.ops.dispatch`.
+Queries come in n blocks of S tokens that share one list of keys: the G global keys every query sees, then the
+block's own K keys. On the CPU (float32/float64) :func:`block_attention` runs vitzoo's compiled kernel
+(:mod:`vitzoo.cpu_kernels.block_kernel`); otherwise, and where it cannot be built, it gathers them with
+``index_select`` and runs one fused SDPA call per chunk of blocks, ``[B, c·n, S, d]`` against ``[B, c·n, G + K, d]``.
+Scores ``[B, h, N, N]`` never exist. In training the gathered keys/values and the probabilities are recomputed in
+backward instead of being stored. Used by BigBird's block groups through
+:class:`vitzoo.attention.sparse.pattern.SparsePatternAttention` and by the halo groups (:mod:`vitzoo.ops.halo`).
+Which path runs a call is ``block_attention`` in :mod:`vitzoo.ops.dispatch`.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitzoo.cpu_kernels import block_kernel
 from vitzoo.ops import dispatch
+from vitzoo.ops import sdpa as sdpa_ops
 from vitzoo.ops.common import LOG2E, slices, tracing
 
 
@@ -32,8 +33,7 @@ def global_mask(mask: Tensor, num_global: int) -> Tensor:
 
 
 def select_rows(x: Tensor, ids: Tensor) -> Tensor:
-    """Rows ``ids[L]`` of ``x[B, c, M, d]``: ``[B, c, L, d]``, a view of a token-major ``[B, L, c, d]`` buffer
-    (merging the heads afterwards, ``[B, L, c·d]``, needs no copy)."""
+    """Rows ``ids[L]`` of ``x[B, c, M, d]``: ``[B, c, L, d]``, a view of a token-major ``[B, L, c, d]`` buffer."""
     return x.transpose(1, 2).index_select(1, ids).transpose(1, 2)
 
 
@@ -44,16 +44,15 @@ def head_parts(t: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
 
 
 def split_prefix(t: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
-    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]``
-    (``t`` itself when P = 0: no copy in backward)."""
+    """``t[B, h, P + L, d]`` -> prefix ``[B, h, P, d]`` and grid ``[B, h, L, d]`` (``t`` itself when P = 0: no copy
+    in backward)."""
     return (t[:, :, :0], t) if not prefix else t.split([prefix, t.shape[2] - prefix], dim=2)
 
 
-# Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4,
-# 1 MB in float32), so
-# that the blocks gathered again in backward and their gradients stay small and in cache (all
-# blocks at once would hold ~11 copies of the keys for BigBird's 2x2 blocks). At 64x64 tokens,
-# 2 threads: smaller chunks pay more per-call overhead, larger ones were slower and hold more.
+# Blocks per fused call: at most this many gathered key (or value) elements per image (at batch 4, 1 MB in float32),
+# so that the blocks gathered again in backward and their gradients stay small and in cache (all blocks at once
+# would hold ~11 copies of the keys for BigBird's 2x2 blocks). At 64x64 tokens, 2 threads: smaller chunks pay
+# more per-call overhead, larger ones were slower and hold more.
 GATHER_ELEMS = 1 << 16
 # Forward-only calls (training's forward, inference) hold no gradients: chunks this many times larger.
 FORWARD_SCALE = 4
@@ -68,11 +67,10 @@ def block_attention(q: Tensor, k: Tensor, v: Tensor, q_ids: Tensor, k_ids: Tenso
     ``k[..., k_ids[i], :]``. On the CPU in float32/float64 without dropout (not traced), vitzoo's compiled
     kernel runs them (:mod:`vitzoo.cpu_kernels.block_kernel`: one task per image and head, nothing gathered in
     memory, backward from the saved log-sum-exp). Otherwise the blocks run in chunks of at most
-    :data:`GATHER_ELEMS` gathered elements per image, one SDPA call each. For training on the CPU without
-    dropout or autocast, backward gathers
-    the chunk's blocks again and recomputes their probabilities from the saved log-sum-exp (:class:`_BlockSDPA`):
-    neither the gathered keys/values, the probabilities nor the output are stored. Elsewhere
-    with a gradient each chunk is checkpointed (recomputed in backward, one chunk at a time).
+    :data:`GATHER_ELEMS` gathered elements per image, one SDPA call each. For training on the CPU without dropout
+    or autocast, backward gathers the chunk's blocks again and recomputes their probabilities from the saved
+    log-sum-exp (:class:`_BlockSDPA`): neither the gathered keys/values, the probabilities nor the output are
+    stored. Elsewhere with a gradient each chunk is checkpointed (recomputed in backward, one chunk at a time).
 
     Args:
         q: ``[B, c, L_q, d]`` queries of c heads that share the blocks.
@@ -271,9 +269,13 @@ def _block_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
 
 def _sdpa_blocks(q: Tensor, q_ids: Tensor, keys: tuple[Tensor, Tensor], mask: Tensor, part: slice, scale: float,
                  p_drop: float) -> Tensor:
-    """Blocks ``part``: their queries over their gathered keys and values ``keys`` -> ``[B, c·m, S, d]``."""
-    return F.scaled_dot_product_attention(_select(q, q_ids, part), *keys, attn_mask=_heads_mask(mask, part, q.shape[1]),
-                                          dropout_p=p_drop, scale=scale)
+    """Blocks ``part``: their queries over their gathered keys and values ``keys`` -> ``[B, c·m, S, d]`` (short key
+    lists under bf16/fp16 train with the fp32 backward of :mod:`vitzoo.ops.sdpa`, the mask as an additive bias)."""
+    q_part, c = _select(q, q_ids, part), q.shape[1]
+    if dispatch.select("sdpa", q_part, *keys, None, p_drop) == "fp32_backward":
+        return sdpa_ops.fp32_backward_sdpa(q_part, *keys, _heads_bias(mask, part, c, q.dtype), scale=scale)
+    mask_part = _heads_mask(mask, part, c)  # [1, c·m, S or 1, K] booleans
+    return F.scaled_dot_product_attention(q_part, *keys, attn_mask=mask_part, dropout_p=p_drop, scale=scale)
 
 
 def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glob: Optional[Tensor], q_ids: Tensor,
@@ -284,7 +286,7 @@ def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, k_glob: Optional[Tensor], v_glo
 
 def _heads_bias(mask: Tensor, part: slice, c: int, dtype: torch.dtype) -> Tensor:
     """:func:`_heads_mask` as an additive ``[1, c·m, S or 1, K]`` in ``dtype``: 0 where kept, ``-inf`` where masked."""
-    keep = _heads_mask(mask, part, c)
+    keep = _heads_mask(mask, part, c)  # [1, c·m, S or 1, K]
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
 
 

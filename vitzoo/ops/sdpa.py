@@ -55,19 +55,21 @@ class _Fp32Backward(torch.autograd.Function):
     """The reduced-type flash forward, saving what the native op saves; the fp32 flash backward."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]) -> Tensor:
-        out, lse = _FORWARD(q, k, v, 0.0, False, attn_mask=attn_mask)  # out [B, h, Nq, dv], lse [B, h, Nq]
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
+                scale: Optional[float]) -> Tensor:
+        out, lse = _FORWARD(q, k, v, 0.0, False, attn_mask=attn_mask, scale=scale)  # [B, h, Nq, dv], [B, h, Nq]
+        ctx.scale = scale
         ctx.save_for_backward(q, k, v, out, lse, attn_mask)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], ...]:
         q, k, v, out, lse, attn_mask = ctx.saved_tensors
-        return (*flash_backward(grad, q, k, v, out, lse, attn_mask), None)
+        return (*flash_backward(grad, q, k, v, out, lse, attn_mask, ctx.scale), None, None)
 
 
 def flash_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                   attn_mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+                   attn_mask: Optional[Tensor] = None, scale: Optional[float] = None) -> tuple[Tensor, Tensor, Tensor]:
     """The gradients of q, k and v from CPU's flash-attention backward kernel: on fp32 copies where the inputs are
     bf16 or fp16 and there are at most :data:`FP32_BACKWARD_KEYS` keys (each gradient rounded once to its input's
     type), else the native kernel. No dropout, not causal.
@@ -75,23 +77,26 @@ def flash_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     Args:
         grad: the output's gradient ``[B, h, Nq, dv]``; q ``[B, h, Nq, d]``, k ``[B, h, Nk, d]``, v ``[B, h, Nk, dv]``,
             out ``[B, h, Nq, dv]`` and the row log-sum-exp ``lse [B, h, Nq]`` of the forward kernel.
-        attn_mask: the forward's additive mask, or ``None``.
+        attn_mask: the forward's additive mask, or ``None``; scale: the forward's score scale (``None``: 1/√d).
     """
     if q.dtype not in REDUCED or k.shape[-2] > FP32_BACKWARD_KEYS:
-        return _BACKWARD(grad, q, k, v, out, lse, 0.0, False, attn_mask=attn_mask)
+        return _BACKWARD(grad, q, k, v, out, lse, 0.0, False, attn_mask=attn_mask, scale=scale)
     mask = None if attn_mask is None else attn_mask.float()
-    grads = _BACKWARD(grad.float(), q.float(), k.float(), v.float(), out.float(), lse, 0.0, False, attn_mask=mask)
+    grads = _BACKWARD(grad.float(), q.float(), k.float(), v.float(), out.float(), lse, 0.0, False, attn_mask=mask,
+                      scale=scale)
     return grads[0].to(q.dtype), grads[1].to(k.dtype), grads[2].to(v.dtype)
 
 
-def fp32_backward_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None) -> Tensor:
-    """``softmax(QKᵀ/√d + attn_mask)V`` -> ``[B, h, Nq, dv]``, with the backward in fp32 (where :func:`applies`).
+def fp32_backward_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None,
+                       scale: Optional[float] = None) -> Tensor:
+    """``softmax(scale·QKᵀ + attn_mask)V`` -> ``[B, h, Nq, dv]``, with the backward in fp32 (where :func:`applies`).
 
     Args:
         q: ``[B, h, Nq, d]``; k: ``[B, h, Nk, d]``; v: ``[B, h, Nk, dv]``, all bf16 or all fp16.
         attn_mask: additive mask broadcastable to ``[B, h, Nq, Nk]`` without a gradient, or ``None``.
+        scale: the score scale (``None``: 1/√d).
     """
-    return _Fp32Backward.apply(q, k, v, attn_mask)
+    return _Fp32Backward.apply(q, k, v, attn_mask, scale)
 
 
 def fp32_backward_workspace(batch_heads: int, nq: int, nk: int, d: int, dv: Optional[int] = None,
