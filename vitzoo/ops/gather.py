@@ -272,7 +272,7 @@ def _sdpa_blocks(q: Tensor, q_ids: Tensor, keys: tuple[Tensor, Tensor], mask: Te
     """Blocks ``part``: their queries over their gathered keys and values ``keys`` -> ``[B, c·m, S, d]`` (short key
     lists under bf16/fp16 train with the fp32 backward of :mod:`vitzoo.ops.sdpa`, the mask as an additive bias)."""
     q_part, c = _select(q, q_ids, part), q.shape[1]
-    if dispatch.select("sdpa", q_part, *keys, None, p_drop) == "fp32_backward":
+    if dispatch.select("sdpa", q_part, *keys, None, p_drop) == "fp32_backward":  # the bias below has no gradient
         return sdpa_ops.fp32_backward_sdpa(q_part, *keys, _heads_bias(mask, part, c, q.dtype), scale=scale)
     mask_part = _heads_mask(mask, part, c)  # [1, c·m, S or 1, K] booleans
     return F.scaled_dot_product_attention(q_part, *keys, attn_mask=mask_part, dropout_p=p_drop, scale=scale)
